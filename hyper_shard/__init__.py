@@ -1,0 +1,37 @@
+"""hyper_shard: one sharded tensor (DTensor) for PyTorch and MindSpore.
+
+The public API follows PyTorch DTensor: ``DeviceMesh``/``init_device_mesh``,
+``Shard``/``Replicate``/``Partial``, ``DTensor.from_local``/``to_local``/``full_tensor``/
+``redistribute``, ``distribute_tensor`` and the factories.
+"""
+
+from .dtensor import DTensor, distribute_tensor, empty, full, ones, rand, randn, zeros
+from .errors import HyperShardError, OpNotRegisteredError, OpSpecError, ShardingError
+from .mesh import DeviceMesh, init_device_mesh
+from .placement import Partial, Placement, Replicate, Shard
+from .spec import DTensorSpec, TensorMeta
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DTensor",
+    "DTensorSpec",
+    "TensorMeta",
+    "DeviceMesh",
+    "init_device_mesh",
+    "Placement",
+    "Shard",
+    "Replicate",
+    "Partial",
+    "distribute_tensor",
+    "zeros",
+    "ones",
+    "empty",
+    "full",
+    "rand",
+    "randn",
+    "HyperShardError",
+    "OpNotRegisteredError",
+    "OpSpecError",
+    "ShardingError",
+]

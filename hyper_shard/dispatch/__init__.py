@@ -1,0 +1,1 @@
+"""The dispatcher: preprocess -> cached layout inference -> execute/wrap."""

@@ -1,0 +1,489 @@
+"""The framework-neutral DTensor API (as PyTorch DTensor, on torch and MindSpore).
+
+``DTensor`` here is the base class of every platform's DTensor (torch's subclasses
+``torch.Tensor``, MindSpore's ``mindspore.Tensor``): ``isinstance(x, hyper_shard.DTensor)``
+is true on both. A DTensor *is* its local shard to the framework (its data, its autograd
+node) and carries a :class:`~hyper_shard.spec.DTensorSpec` that gives the global view.
+
+Gradient contract: local autograd computes on every rank the derivative of the global
+objective with respect to the local data. ``x.grad`` is a DTensor on ``x``'s mesh whose
+``full_tensor()`` equals the single-device gradient; its placements follow
+:func:`~hyper_shard.placement.grad_placement` (Shard -> Shard, Replicate ->
+Partial(sum), Partial(sum) -> Replicate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .mesh import DeviceMesh
+from .placement import Partial, Placement, Replicate, Shard, grad_placement, normalize_placements
+from .redistribute.executor import backward_plan, execute_plan
+from .redistribute.planner import plan_redistribute
+from .spec import DTensorSpec, TensorMeta, chunk_sizes, contiguous_stride
+
+if TYPE_CHECKING:
+    from .platform.base import Platform
+
+__all__ = [
+    "DTensor",
+    "distribute_tensor",
+    "redistribute_local",
+    "local_derivative",
+    "zeros",
+    "ones",
+    "empty",
+    "full",
+    "rand",
+    "randn",
+]
+
+
+class DTensor:
+    """A global tensor laid out over a DeviceMesh by one placement per mesh dim.
+
+    Create one with :meth:`from_local`, :func:`distribute_tensor` or a factory
+    (:func:`zeros`, :func:`ones`, ...). ``shape``/``size()`` report the *global* shape;
+    ``to_local()`` returns this rank's shard.
+    """
+
+    _spec: DTensorSpec
+
+    # ------------------------------------------------------------------ metadata
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The DeviceMesh the tensor lives on."""
+        return self._spec.mesh
+
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        """One placement per mesh dimension."""
+        return self._spec.placements
+
+    # ------------------------------------------------------------------ creation
+    @classmethod
+    def from_local(
+        cls,
+        local_tensor: Any,
+        device_mesh: DeviceMesh | None = None,
+        placements: Sequence[Placement] | None = None,
+        *,
+        run_check: bool = False,
+        shape: Sequence[int] | None = None,
+        stride: Sequence[int] | None = None,
+        grad_placements: Sequence[Placement] | None = None,
+    ) -> Any:
+        """Wrap every rank's local shard as one DTensor (as ``DTensor.from_local`` in torch).
+
+        Args:
+            local_tensor: this rank's shard (torch.Tensor or mindspore.Tensor).
+            device_mesh: the mesh (required).
+            placements: one per mesh dim; default all ``Replicate()``.
+            run_check: check across ranks that dtypes and shard shapes agree with
+                ``torch.chunk`` semantics (one all-gather of metadata).
+            shape: the global shape. When omitted and some placement is a ``Shard``, the
+                true global shape is inferred with one all-gather of the local sizes
+                (uneven shards included): a wrong shape is never assumed silently.
+            stride: the global stride (default contiguous).
+            grad_placements: the placements of the gradient the local tensor receives in
+                backward; default: ``Shard`` stays ``Shard``, ``Replicate`` receives the
+                whole gradient (an all-reduce), ``Partial`` receives the exact local
+                derivative (the whole gradient for ``Partial(sum)``, as PyTorch).
+
+        Returns:
+            A DTensor whose local data is ``local_tensor`` (autograd-connected to it).
+
+        Raises:
+            ValueError: placements that do not fit the mesh, or local shards that are not
+                the ``torch.chunk`` layout of ``shape`` (the message gives the expected
+                local shape and how to fix it).
+        """
+        from .platform.select import platform_of_tensor
+
+        if device_mesh is None:
+            raise ValueError("DTensor.from_local needs device_mesh")
+        plat = (
+            device_mesh.platform
+            if not device_mesh.is_abstract
+            else platform_of_tensor(local_tensor)
+        )
+        placements = (
+            tuple(placements) if placements is not None else (Replicate(),) * device_mesh.ndim
+        )
+        local_shape = plat.shape(local_tensor)
+        placements = normalize_placements(placements, device_mesh.ndim, len(local_shape))
+        if shape is None and any(type(p) is Shard for p in placements):
+            shape = _infer_global_shape(plat, device_mesh, placements, local_shape)
+        elif shape is None:
+            shape = local_shape
+        elif run_check:
+            _check_shapes_collectively(plat, device_mesh, placements, local_shape, tuple(shape))
+        shape = tuple(int(s) for s in shape)
+        meta = plat.tensor_meta(local_tensor, shape)
+        if stride is not None:
+            meta = meta._replace(stride=tuple(stride))
+        spec = DTensorSpec(device_mesh, placements, meta)
+        expected = spec.local_shape()
+        if tuple(local_shape) != tuple(expected):
+            raise ValueError(
+                f"DTensor.from_local: rank {device_mesh.get_rank()} holds a local shard of shape "
+                f"{tuple(local_shape)} but global shape {shape} with placements "
+                f"{[str(p) for p in placements]} on mesh {device_mesh.shape} gives it "
+                f"{tuple(expected)} (torch.chunk layout). Pass the right `shape`, or omit it "
+                f"to infer it, or split the data with torch.chunk semantics"
+            )
+        gp = tuple(grad_placements) if grad_placements is not None else None
+
+        def bwd(g: Any) -> Any:
+            return _from_local_backward(plat, g, spec, gp)
+
+        local = (
+            plat.custom_autograd(lambda x: x, bwd, local_tensor)
+            if plat.requires_grad(local_tensor)
+            else local_tensor
+        )
+        return plat.wrap(local, spec)
+
+    # ------------------------------------------------------------------ conversion
+    def to_local(self, *, grad_placements: Sequence[Placement] | None = None) -> Any:
+        """This rank's shard as a plain framework tensor (as PyTorch DTensor).
+
+        Args:
+            grad_placements: the placements of the gradient that will arrive at the
+                returned local tensor in backward. Default: this DTensor's placements,
+                except ``Partial`` -> ``Replicate`` (as PyTorch). A ``Replicate`` gradient
+                is read as one value computed identically by every rank (counted once).
+
+        Returns:
+            The local shard (local shape), autograd-connected to this DTensor.
+        """
+        plat = self._spec.mesh.platform
+        local = plat.local_of(self)
+        if not plat.requires_grad(local):
+            return local
+        spec = self._spec
+        gp = (
+            normalize_placements(grad_placements, spec.mesh.ndim, spec.ndim)
+            if grad_placements is not None
+            else tuple(Replicate() if type(p) is Partial else p for p in spec.placements)
+        )
+        return plat.custom_autograd(
+            lambda x: x, lambda g: local_derivative(plat, g, gp, spec), local
+        )
+
+    def full_tensor(self, *, grad_placements: Sequence[Placement] | None = None) -> Any:
+        """The whole global tensor on every rank (redistribute to Replicate, then
+        ``to_local``); shape = global shape. A collective: every rank must call it."""
+        r = self.redistribute(self._spec.mesh, [Replicate()] * self._spec.mesh.ndim)
+        return r.to_local(grad_placements=grad_placements)
+
+    def redistribute(
+        self,
+        device_mesh: DeviceMesh | None = None,
+        placements: Sequence[Placement] | None = None,
+        *,
+        async_op: bool = False,
+    ) -> Any:
+        """The same global tensor with other placements on the same mesh (as PyTorch).
+
+        Runs the cheapest plan of local chunks, all-gathers, all-reduces,
+        reduce-scatters and all-to-alls (see :mod:`hyper_shard.redistribute`);
+        differentiable. A collective: every rank must call it.
+
+        Raises:
+            ValueError: another mesh (cross-mesh redistribution is not supported), or
+                placements that do not fit the mesh/tensor.
+        """
+        spec = self._spec
+        if device_mesh is not None and device_mesh != spec.mesh:
+            raise ValueError(
+                f"redistribute: cannot move a DTensor from {spec.mesh} to another mesh "
+                f"{device_mesh}; redistribute on the same mesh, then to_local and from_local"
+            )
+        if placements is None:
+            return self
+        dst = spec.with_placements(placements)
+        if dst.placements == spec.placements:
+            return self
+        plat = spec.mesh.platform
+        local = redistribute_local(plat, plat.local_of(self), spec, dst)
+        return plat.wrap(local, dst)
+
+    def __repr__(self) -> str:  # framework classes override through their hooks
+        return _format(self)
+
+
+def _format(dt: Any) -> str:
+    spec = dt._spec
+    pl = ", ".join(repr(p) for p in spec.placements)
+    local = spec.mesh.platform.local_of(dt)
+    return (
+        f"DTensor(local_tensor={local}, device_mesh={spec.mesh}, placements=({pl}), "
+        f"shape={list(spec.shape)})"
+    )
+
+
+# ---------------------------------------------------------------------- helpers
+def redistribute_local(plat: Platform, local: Any, src: DTensorSpec, dst: DTensorSpec) -> Any:
+    """Redistribute a local shard from ``src`` to ``dst`` placements (autograd-aware)."""
+    plan = plan_redistribute(src, dst.placements)
+    if not plan.steps:
+        return local
+    if not plat.requires_grad(local):
+        return execute_plan(plat, local, src, plan)
+    saved: list[Any] = []
+
+    def fwd(x: Any) -> Any:
+        return execute_plan(plat, x, src, plan, saved)
+
+    def bwd(g: Any) -> Any:
+        return backward_plan(plat, g, src, plan, saved)
+
+    return plat.custom_autograd(fwd, bwd, local)
+
+
+def _redistribute_plain(plat: Platform, g: Any, spec: DTensorSpec, dst: Sequence[Placement]) -> Any:
+    """Redistribute a gradient (no autograd) from ``spec``'s placements to ``dst``."""
+    plan = plan_redistribute(spec, dst)
+    return execute_plan(plat, g, spec, plan) if plan.steps else g
+
+
+def local_derivative(
+    plat: Platform, g: Any, g_placements: Sequence[Placement], spec: DTensorSpec
+) -> Any:
+    """Convert a local gradient whose global reading has ``g_placements`` into the local
+    derivative form of a value laid out by ``spec`` (see the gradient contract).
+
+    Raises:
+        NotImplementedError: the value is ``Partial(max|min|prod)`` (its local derivative
+            depends on the forward values).
+    """
+    target: list[Placement] = []
+    avg_dims = []
+    for m, p in enumerate(spec.placements):
+        if type(p) is Partial:
+            if p.reduce_op in ("max", "min", "prod"):
+                raise NotImplementedError(
+                    f"the gradient of a local tensor of a Partial({p.reduce_op}) DTensor is not "
+                    f"defined by its global gradient alone; redistribute it to Replicate() first"
+                )
+            target.append(Replicate())
+            if p.reduce_op == "avg":
+                avg_dims.append(m)
+        else:
+            target.append(grad_placement(p))
+    gspec = spec.with_placements(g_placements)
+    out = _redistribute_plain(plat, g, gspec, target)
+    for m in avg_dims:
+        out = plat.scale(out, 1.0 / spec.mesh.shape[m])
+    return out
+
+
+def _from_local_backward(
+    plat: Platform, g: Any, spec: DTensorSpec, grad_placements: Sequence[Placement] | None
+) -> Any:
+    """The gradient a ``from_local`` input receives: the local-derivative form ``g`` (read
+    globally with :func:`grad_placement`) redistributed to ``grad_placements`` (default:
+    Replicate values receive the whole gradient, the others their exact local derivative)."""
+    read = tuple(grad_placement(p) for p in spec.placements)
+    if grad_placements is None:
+        target = tuple(
+            Replicate() if type(p) is Replicate else r for p, r in zip(spec.placements, read)
+        )
+    else:
+        target = normalize_placements(grad_placements, spec.mesh.ndim, spec.ndim)
+    return _redistribute_plain(plat, g, spec.with_placements(read), target)
+
+
+def _infer_global_shape(
+    plat: Platform, mesh: DeviceMesh, placements: Sequence[Placement], local_shape: Sequence[int]
+) -> tuple[int, ...]:
+    """Global shape from every rank's local shape (one all-gather per sharding mesh dim)."""
+    shape = list(local_shape)
+    coord = mesh.get_coordinate()
+    assert coord is not None
+    # walk mesh dims right to left: each gathers the extents of the pieces it split
+    for m in range(mesh.ndim - 1, -1, -1):
+        p = placements[m]
+        if type(p) is not Shard:
+            continue
+        sizes = plat.all_gather_object(shape[p.dim], mesh.get_group(m), mesh.shape[m])
+        total = sum(sizes)
+        expect = chunk_sizes(total, mesh.shape[m])
+        if list(sizes) != expect:
+            raise ValueError(
+                f"DTensor.from_local: local sizes {list(sizes)} along tensor dim {p.dim} on mesh "
+                f"dim {m} are not the torch.chunk layout of {total} over {mesh.shape[m]} ranks "
+                f"(expected {expect}); re-split the data with torch.chunk, or use "
+                f"distribute_tensor on the full tensor"
+            )
+        shape[p.dim] = total
+    return tuple(shape)
+
+
+def _check_shapes_collectively(
+    plat: Platform,
+    mesh: DeviceMesh,
+    placements: Sequence[Placement],
+    local_shape: Sequence[int],
+    shape: tuple[int, ...],
+) -> None:
+    spec = DTensorSpec(mesh, placements, TensorMeta(shape, contiguous_stride(shape), None))
+    ok = tuple(local_shape) == spec.local_shape()
+    agreed = ok
+    for m in range(mesh.ndim):  # AND over each mesh dim in turn = AND over the mesh
+        agreed = all(plat.all_gather_object(agreed, mesh.get_group(m), mesh.shape[m]))
+    if not agreed:
+        raise ValueError(
+            f"DTensor.from_local(run_check=True): some rank's local shape does not match the "
+            f"torch.chunk layout of global shape {shape} with placements "
+            f"{[str(p) for p in placements]} (this rank: {tuple(local_shape)}, expected "
+            f"{spec.local_shape()}); pass the right shape or omit it to infer it"
+        )
+
+
+# ---------------------------------------------------------------------- creation API
+def distribute_tensor(
+    tensor: Any,
+    device_mesh: DeviceMesh,
+    placements: Sequence[Placement] | None = None,
+    *,
+    src_data_rank: int | None = 0,
+) -> Any:
+    """Shard a full tensor (present on every rank) over ``device_mesh`` (as PyTorch's
+    ``distribute_tensor``).
+
+    Args:
+        tensor: the whole global tensor (global shape), on every rank.
+        device_mesh: the mesh.
+        placements: one per mesh dim (default all Replicate). ``Partial`` keeps the value
+            on coordinate 0 of that mesh dim (zeros elsewhere, or the value itself for
+            avg/max/min).
+        src_data_rank: the mesh's flat index whose data everyone takes (broadcast along
+            every mesh dim), or None to use each rank's own tensor without communication.
+
+    Returns:
+        A leaf DTensor with ``requires_grad`` as ``tensor``'s.
+    """
+    from .platform.select import platform_of_tensor
+
+    plat = device_mesh.platform if not device_mesh.is_abstract else platform_of_tensor(tensor)
+    placements = tuple(placements) if placements is not None else (Replicate(),) * device_mesh.ndim
+    shape = plat.shape(tensor)
+    meta = plat.tensor_meta(tensor, shape)
+    req = plat.requires_grad(tensor)
+    full = plat.detach(tensor)
+    if src_data_rank is not None:
+        src_coord = device_mesh._compute_coordinate(device_mesh.ranks[src_data_rank])
+        assert src_coord is not None
+        for m in range(device_mesh.ndim):
+            full = plat.broadcast(full, src_coord[m], device_mesh.get_group(m))
+    rspec = DTensorSpec(device_mesh, (Replicate(),) * device_mesh.ndim, meta)
+    spec = DTensorSpec(device_mesh, placements, meta)
+    local = _redistribute_plain(plat, full, rspec, spec.placements)
+    return plat.make_leaf(plat.contiguous(local), spec, req)
+
+
+def _factory(
+    kind: str,
+    size: Sequence[Any],
+    fill_value: Any,
+    device_mesh: DeviceMesh | None,
+    placements: Sequence[Placement] | None,
+    dtype: Any,
+    requires_grad: bool,
+) -> Any:
+    if device_mesh is None:
+        raise ValueError(f"hyper_shard.{kind} needs device_mesh=")
+    if len(size) == 1 and isinstance(size[0], (list, tuple)):
+        size = tuple(size[0])
+    shape = tuple(int(s) for s in size)
+    plat = device_mesh.platform
+    placements = tuple(placements) if placements is not None else (Replicate(),) * device_mesh.ndim
+    dev = device_mesh.device_type
+    probe = plat.new_tensor(kind, (0,) * len(shape), fill_value, dtype, dev)
+    spec = DTensorSpec(device_mesh, placements, plat.tensor_meta(probe, shape))
+    if kind in ("rand", "randn"):
+        # every rank draws the whole tensor from the same generator state and keeps its
+        # shard, so the result equals the single-device draw for the same seed
+        full = plat.new_tensor(kind, shape, fill_value, dtype, dev)
+        rspec = spec.with_placements((Replicate(),) * device_mesh.ndim)
+        local = plat.contiguous(_redistribute_plain(plat, full, rspec, spec.placements))
+    else:
+        if any(type(p) is Partial for p in spec.placements) and kind != "empty":
+            raise ValueError(
+                f"hyper_shard.{kind}: Partial placements are ambiguous for a factory; create it "
+                f"Replicate and redistribute"
+            )
+        local = plat.new_tensor(kind, spec.local_shape(), fill_value, dtype, dev)
+    return plat.make_leaf(local, spec, requires_grad)
+
+
+def zeros(
+    *size: Any,
+    device_mesh: DeviceMesh | None = None,
+    placements: Sequence[Placement] | None = None,
+    dtype: Any = None,
+    requires_grad: bool = False,
+) -> Any:
+    """A DTensor of zeros with global shape ``size`` (as ``torch.distributed.tensor.zeros``)."""
+    return _factory("zeros", size, 0, device_mesh, placements, dtype, requires_grad)
+
+
+def ones(
+    *size: Any,
+    device_mesh: DeviceMesh | None = None,
+    placements: Sequence[Placement] | None = None,
+    dtype: Any = None,
+    requires_grad: bool = False,
+) -> Any:
+    """A DTensor of ones with global shape ``size``."""
+    return _factory("ones", size, 1, device_mesh, placements, dtype, requires_grad)
+
+
+def empty(
+    *size: Any,
+    device_mesh: DeviceMesh | None = None,
+    placements: Sequence[Placement] | None = None,
+    dtype: Any = None,
+    requires_grad: bool = False,
+) -> Any:
+    """An uninitialised DTensor with global shape ``size``."""
+    return _factory("empty", size, None, device_mesh, placements, dtype, requires_grad)
+
+
+def full(
+    size: Sequence[int],
+    fill_value: Any,
+    *,
+    device_mesh: DeviceMesh | None = None,
+    placements: Sequence[Placement] | None = None,
+    dtype: Any = None,
+    requires_grad: bool = False,
+) -> Any:
+    """A DTensor filled with ``fill_value``, global shape ``size``."""
+    return _factory("full", tuple(size), fill_value, device_mesh, placements, dtype, requires_grad)
+
+
+def rand(
+    *size: Any,
+    device_mesh: DeviceMesh | None = None,
+    placements: Sequence[Placement] | None = None,
+    dtype: Any = None,
+    requires_grad: bool = False,
+) -> Any:
+    """Uniform [0, 1) DTensor; equals the single-device ``rand`` for the same seed (every
+    rank must share the generator state, as after ``manual_seed`` with one seed)."""
+    return _factory("rand", size, None, device_mesh, placements, dtype, requires_grad)
+
+
+def randn(
+    *size: Any,
+    device_mesh: DeviceMesh | None = None,
+    placements: Sequence[Placement] | None = None,
+    dtype: Any = None,
+    requires_grad: bool = False,
+) -> Any:
+    """Standard-normal DTensor; equals the single-device ``randn`` for the same seed."""
+    return _factory("randn", size, None, device_mesh, placements, dtype, requires_grad)

@@ -1,0 +1,342 @@
+"""DeviceMesh: an N-D arrangement of ranks, with one process group per mesh dimension.
+
+The mesh itself is framework-neutral: it knows its shape, its ranks, its dimension
+names and this process's coordinate. A *concrete* mesh also holds a platform (torch or
+MindSpore) and, per mesh dimension, the process group this rank belongs to, created
+once when the mesh is built. An *abstract* mesh (:meth:`DeviceMesh.abstract`) has no
+platform and no process group: it is all that specs, rules and the planner need, so
+they are testable in one process with no backend.
+
+Semantics follow PyTorch's ``torch.distributed.device_mesh.DeviceMesh``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .platform.base import Platform
+
+__all__ = ["DeviceMesh", "init_device_mesh"]
+
+
+def _flatten(mesh: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shape, flat ranks) of a nested list / array-like of ints."""
+    if hasattr(mesh, "tolist"):
+        mesh = mesh.tolist()
+    if isinstance(mesh, int):
+        return (), (mesh,)
+    if not isinstance(mesh, (list, tuple)) or len(mesh) == 0:
+        raise ValueError(f"DeviceMesh: mesh must be a non-empty nested list of ranks, got {mesh!r}")
+    subs = [_flatten(m) for m in mesh]
+    inner = subs[0][0]
+    if any(s[0] != inner for s in subs):
+        raise ValueError(f"DeviceMesh: mesh {mesh!r} is ragged; every row must have the same shape")
+    return (len(mesh), *inner), tuple(r for s in subs for r in s[1])
+
+
+class DeviceMesh:
+    """An N-D mesh of ranks (as ``torch.distributed.device_mesh.DeviceMesh``).
+
+    Args:
+        device_type: ``"cpu"``, ``"cuda"``, ``"npu"`` (torch) or ``"CPU"``, ``"GPU"``,
+            ``"Ascend"`` (MindSpore).
+        mesh: nested list (or tensor/array with ``tolist``) of global ranks; its shape is
+            the mesh shape.
+        mesh_dim_names: optional unique names, one per mesh dimension.
+        platform: ``"torch"``, ``"mindspore"`` or a Platform; default: chosen by
+            :func:`hyper_shard.platform.select.get_platform`.
+
+    The process groups of every mesh dimension are created when the mesh is built (a
+    collective call: every rank of the world must build the same mesh).
+
+    Raises:
+        ValueError: ragged mesh, duplicate ranks, or bad/duplicate dimension names.
+    """
+
+    def __init__(
+        self,
+        device_type: str,
+        mesh: Any,
+        *,
+        mesh_dim_names: Sequence[str] | None = None,
+        platform: Any = None,
+        _rank: int | None = None,
+        _groups: Sequence[Any] | None = None,
+        _abstract: bool = False,
+    ) -> None:
+        shape, ranks = _flatten(mesh)
+        if len(shape) == 0:
+            raise ValueError("DeviceMesh: a mesh needs at least one dimension")
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"DeviceMesh: mesh {mesh!r} lists a rank twice")
+        if mesh_dim_names is not None:
+            mesh_dim_names = tuple(mesh_dim_names)
+            if len(mesh_dim_names) != len(shape):
+                raise ValueError(
+                    f"DeviceMesh: {len(mesh_dim_names)} mesh_dim_names {mesh_dim_names} for a "
+                    f"{len(shape)}-D mesh of shape {shape}"
+                )
+            if len(set(mesh_dim_names)) != len(mesh_dim_names):
+                raise ValueError(f"DeviceMesh: mesh_dim_names {mesh_dim_names} are not unique")
+        self.device_type = device_type
+        self._shape: tuple[int, ...] = shape
+        self._ranks: tuple[int, ...] = ranks
+        self.mesh_dim_names: tuple[str, ...] | None = mesh_dim_names
+        self._strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+        self._key = (device_type, shape, ranks, mesh_dim_names)
+        self._hash = hash(self._key)
+        self._platform: Platform | None = None
+        if _abstract:
+            self._rank = ranks[0] if _rank is None else _rank
+        else:
+            from .platform.select import get_platform
+
+            self._platform = get_platform(platform, device_type=device_type)
+            self._platform.ensure_initialized(device_type)
+            self._rank = self._platform.get_rank() if _rank is None else _rank
+        self._coordinate = self._compute_coordinate(self._rank)
+        if _groups is not None:
+            self._groups: list[Any] | None = list(_groups)
+        elif self._platform is not None:
+            self._groups = self._create_groups()
+        else:
+            self._groups = None
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def abstract(
+        cls,
+        shape: Sequence[int],
+        mesh_dim_names: Sequence[str] | None = None,
+        *,
+        rank: int = 0,
+        device_type: str = "cpu",
+    ) -> DeviceMesh:
+        """A mesh of ``shape`` over ranks ``0..prod(shape)-1`` with no process group.
+
+        Enough for everything that only plans (specs, rules, the redistribution planner).
+        ``rank`` picks the coordinate that local-shape queries default to.
+        """
+        n = math.prod(shape)
+        ranks = list(range(n))
+        nested: Any = ranks
+        for s in reversed(list(shape)[1:]):
+            nested = [nested[i : i + s] for i in range(0, len(nested), s)]
+        return cls(device_type, nested, mesh_dim_names=mesh_dim_names, _rank=rank, _abstract=True)
+
+    def _compute_coordinate(self, rank: int) -> tuple[int, ...] | None:
+        try:
+            flat = self._ranks.index(rank)
+        except ValueError:
+            return None
+        return tuple((flat // st) % sz for st, sz in zip(self._strides, self._shape))
+
+    def _dim_groups_ranks(self, mesh_dim: int) -> list[list[int]]:
+        """Every group of ranks along ``mesh_dim`` (other coordinates fixed), in order."""
+        other = [range(s) for i, s in enumerate(self._shape) if i != mesh_dim]
+        out = []
+        for fixed in itertools.product(*other):
+            coord = list(fixed)
+            coord.insert(mesh_dim, 0)
+            members = []
+            for k in range(self._shape[mesh_dim]):
+                coord[mesh_dim] = k
+                members.append(self._ranks[sum(c * st for c, st in zip(coord, self._strides))])
+            out.append(members)
+        return out
+
+    def _create_groups(self) -> list[Any]:
+        assert self._platform is not None
+        groups: list[Any] = []
+        for d in range(self.ndim):
+            mine = None
+            for members in self._dim_groups_ranks(d):
+                g = self._platform.new_group(members)  # collective: every rank calls it
+                if self._rank in members:
+                    mine = g
+            groups.append(mine)
+        return groups
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The mesh shape."""
+        return self._shape
+
+    @property
+    def ndim(self) -> int:
+        """Number of mesh dimensions."""
+        return len(self._shape)
+
+    @property
+    def mesh(self) -> list[Any]:
+        """The ranks as a nested list of the mesh's shape."""
+        nested: Any = list(self._ranks)
+        for s in reversed(self._shape[1:]):
+            nested = [nested[i : i + s] for i in range(0, len(nested), s)]
+        return nested
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """All ranks of the mesh, row-major."""
+        return self._ranks
+
+    @property
+    def platform(self) -> Platform:
+        """The platform that runs this mesh's collectives.
+
+        Raises:
+            RuntimeError: the mesh is abstract.
+        """
+        if self._platform is None:
+            raise RuntimeError(
+                f"{self!r} is abstract (no process group); build it with init_device_mesh "
+                f"to run collectives or hold tensors"
+            )
+        return self._platform
+
+    @property
+    def is_abstract(self) -> bool:
+        """True for a mesh with no platform and no process group."""
+        return self._platform is None
+
+    def size(self, mesh_dim: int | None = None) -> int:
+        """Number of ranks in the mesh, or along ``mesh_dim``."""
+        return math.prod(self._shape) if mesh_dim is None else self._shape[mesh_dim]
+
+    def get_rank(self) -> int:
+        """This process's global rank."""
+        return self._rank
+
+    def get_coordinate(self) -> tuple[int, ...] | None:
+        """This rank's coordinate in the mesh, or None if it is not in the mesh."""
+        return self._coordinate
+
+    def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
+        """This rank's coordinate along ``mesh_dim`` (index or name)."""
+        if mesh_dim is None:
+            if self.ndim != 1:
+                raise ValueError("get_local_rank() needs mesh_dim on a mesh with more than one dim")
+            mesh_dim = 0
+        d = self._dim_index(mesh_dim)
+        if self._coordinate is None:
+            raise RuntimeError(f"rank {self._rank} is not in {self!r}")
+        return self._coordinate[d]
+
+    def get_group(self, mesh_dim: int | str | None = None) -> Any:
+        """The process group of this rank along ``mesh_dim``.
+
+        Raises:
+            RuntimeError: the mesh is abstract.
+        """
+        if self._groups is None:
+            raise RuntimeError(f"{self!r} is abstract: it has no process group")
+        if mesh_dim is None:
+            if self.ndim != 1:
+                raise ValueError("get_group() needs mesh_dim on a mesh with more than one dim")
+            mesh_dim = 0
+        return self._groups[self._dim_index(mesh_dim)]
+
+    def get_all_groups(self) -> list[Any]:
+        """The process group of every mesh dimension."""
+        return [self.get_group(d) for d in range(self.ndim)]
+
+    def _dim_index(self, mesh_dim: int | str) -> int:
+        if isinstance(mesh_dim, str):
+            if self.mesh_dim_names is None or mesh_dim not in self.mesh_dim_names:
+                raise KeyError(
+                    f"mesh dim {mesh_dim!r} not found; this mesh has dims {self.mesh_dim_names}"
+                )
+            return self.mesh_dim_names.index(mesh_dim)
+        if not -self.ndim <= mesh_dim < self.ndim:
+            raise IndexError(f"mesh dim {mesh_dim} out of range for a {self.ndim}-D mesh")
+        return mesh_dim % self.ndim
+
+    def __getitem__(self, names: str | Iterable[str]) -> DeviceMesh:
+        """The sub-mesh over the named dimensions that contains this rank (as torch).
+
+        The sub-mesh reuses this mesh's process groups; no group is created.
+        """
+        if isinstance(names, str):
+            names = (names,)
+        names = tuple(names)
+        dims = [self._dim_index(n) for n in names]
+        if len(set(dims)) != len(dims):
+            raise ValueError(f"mesh[{names}]: a dimension is named twice")
+        if self._coordinate is None:
+            raise RuntimeError(f"rank {self._rank} is not in {self!r}")
+        coord = list(self._coordinate)
+        sub_shape = [self._shape[d] for d in dims]
+        ranks = []
+        for idx in itertools.product(*[range(s) for s in sub_shape]):
+            for d, i in zip(dims, idx):
+                coord[d] = i
+            ranks.append(self._ranks[sum(c * st for c, st in zip(coord, self._strides))])
+        nested: Any = ranks
+        for s in reversed(sub_shape[1:]):
+            nested = [nested[i : i + s] for i in range(0, len(nested), s)]
+        groups = None if self._groups is None else [self._groups[d] for d in dims]
+        sub = DeviceMesh.__new__(DeviceMesh)
+        sub.__init__(  # type: ignore[misc]
+            self.device_type,
+            nested,
+            mesh_dim_names=names if self.mesh_dim_names is not None else None,
+            _rank=self._rank,
+            _groups=groups,
+            _abstract=True,
+        )
+        sub._platform = self._platform
+        return sub
+
+    # ------------------------------------------------------------------ identity
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, DeviceMesh) and other._key == self._key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
+        kind = "abstract " if self._platform is None else ""
+        return f"DeviceMesh({kind}{self.device_type!r}, {self.mesh}{names})"
+
+
+def init_device_mesh(
+    device_type: str,
+    mesh_shape: Sequence[int],
+    *,
+    mesh_dim_names: Sequence[str] | None = None,
+    platform: Any = None,
+) -> DeviceMesh:
+    """Build a DeviceMesh of ``mesh_shape`` over all ranks (as ``torch.distributed.device_mesh
+    .init_device_mesh``), initialising the default process group from the launcher's
+    environment (torchrun/msrun) if needed.
+
+    Args:
+        device_type: ``"cpu"``/``"cuda"``/``"npu"`` for torch; ``"CPU"``/``"GPU"``/``"Ascend"``
+            for MindSpore.
+        mesh_shape: the mesh shape; its product must equal the world size.
+        mesh_dim_names: optional names, one per mesh dimension.
+        platform: ``"torch"`` or ``"mindspore"``; default as :func:`get_platform`.
+
+    Raises:
+        ValueError: the product of ``mesh_shape`` differs from the world size.
+    """
+    from .platform.select import get_platform
+
+    plat = get_platform(platform, device_type=device_type)
+    plat.ensure_initialized(device_type)
+    world = plat.get_world_size()
+    if math.prod(mesh_shape) != world:
+        raise ValueError(
+            f"init_device_mesh: mesh_shape {tuple(mesh_shape)} has {math.prod(mesh_shape)} ranks "
+            f"but the world has {world}; choose a shape whose product is {world}"
+        )
+    nested: Any = list(range(world))
+    for s in reversed(list(mesh_shape)[1:]):
+        nested = [nested[i : i + s] for i in range(0, len(nested), s)]
+    return DeviceMesh(device_type, nested, mesh_dim_names=mesh_dim_names, platform=plat)

@@ -1,0 +1,157 @@
+"""The Platform protocol: everything the framework-neutral core asks of a framework.
+
+A platform (torch, MindSpore) provides:
+
+* process-group management (``ensure_initialized``, ``get_rank``, ``new_group``...);
+* a handful of local tensor primitives the redistribution executor composes
+  (``narrow``, ``cat``, ``pad_dim``, ``embed``...), all differentiable-agnostic: the
+  executor runs them inside :meth:`custom_autograd`, never under the framework's tape;
+* collectives on a group (``all_gather``, ``all_reduce`` and, where the device has them,
+  ``reduce_scatter`` and ``all_to_all``), with the set of native ones declared in
+  ``native_collectives`` so the cost model prices composed ones honestly;
+* ``custom_autograd(fwd, bwd, x)``: run ``fwd`` on a local tensor and register ``bwd`` as
+  its backward, so redistribution, ``to_local`` and ``from_local`` are autograd-correct;
+* its DTensor class and how to wrap a local tensor into it.
+
+Nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..redistribute.cost import COLLECTIVES, DEFAULT_COST_MODEL, CostModel
+
+__all__ = ["Platform"]
+
+
+class Platform:
+    """Base class of the framework platforms. Subclasses implement every method."""
+
+    name: str = "abstract"
+    #: collectives the backend runs natively; the others are composed by the executor.
+    native_collectives: frozenset[str] = COLLECTIVES
+
+    # ------------------------------------------------------------ process groups
+    def ensure_initialized(self, device_type: str) -> None:
+        """Initialise the default process group from the launcher's environment if needed."""
+        raise NotImplementedError
+
+    def get_rank(self) -> int:
+        raise NotImplementedError
+
+    def get_world_size(self) -> int:
+        raise NotImplementedError
+
+    def new_group(self, ranks: Sequence[int]) -> Any:
+        """Create a process group over ``ranks`` (called by every rank, in the same order)."""
+        raise NotImplementedError
+
+    def cost_model(self, mesh: Any) -> CostModel:
+        """The cost model for collectives on ``mesh`` (default alpha/beta, native set)."""
+        return DEFAULT_COST_MODEL.with_native(self.native_collectives_for(mesh))
+
+    def native_collectives_for(self, mesh: Any) -> frozenset[str]:
+        return self.native_collectives
+
+    # ------------------------------------------------------------ local primitives
+    def shape(self, t: Any) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def narrow(self, t: Any, dim: int, start: int, length: int) -> Any:
+        raise NotImplementedError
+
+    def cat(self, ts: Sequence[Any], dim: int) -> Any:
+        raise NotImplementedError
+
+    def pad_dim(self, t: Any, dim: int, size: int) -> Any:
+        """Zero-pad ``t`` at the end of ``dim`` to ``size``."""
+        raise NotImplementedError
+
+    def embed(self, t: Any, dim: int, start: int, extent: int) -> Any:
+        """Zeros with ``extent`` along ``dim`` and ``t`` placed at ``start``."""
+        raise NotImplementedError
+
+    def zeros_like(self, t: Any) -> Any:
+        raise NotImplementedError
+
+    def ones_like(self, t: Any) -> Any:
+        raise NotImplementedError
+
+    def scale(self, t: Any, factor: float) -> Any:
+        raise NotImplementedError
+
+    def eq_mask(self, a: Any, b: Any) -> Any:
+        """``a == b`` as a tensor of ``a``'s dtype (1 where equal, 0 elsewhere)."""
+        raise NotImplementedError
+
+    def mul(self, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+    def div(self, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ collectives
+    def all_gather(self, t: Any, group: Any, n: int) -> list[Any]:
+        """Every rank's ``t`` (same shape on every rank), in group-rank order."""
+        raise NotImplementedError
+
+    def all_reduce(self, t: Any, op: str, group: Any) -> Any:
+        """A new tensor: the reduction (``sum``/``avg``/``max``/``min``/``prod``) of ``t``."""
+        raise NotImplementedError
+
+    def reduce_scatter(self, pieces: Sequence[Any], op: str, group: Any) -> Any:
+        """Piece ``i`` reduced over the group lands on group rank ``i`` (native only)."""
+        raise NotImplementedError
+
+    def all_to_all(self, pieces: Sequence[Any], group: Any) -> list[Any]:
+        """Piece ``i`` goes to group rank ``i``; returns the pieces received (native only)."""
+        raise NotImplementedError
+
+    def broadcast(self, t: Any, src_group_rank: int, group: Any) -> Any:
+        raise NotImplementedError
+
+    def all_gather_object(self, obj: Any, group: Any, n: int) -> list[Any]:
+        """Every rank's small python object, in group-rank order."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ autograd & wrapping
+    def custom_autograd(self, fwd: Callable[[Any], Any], bwd: Callable[[Any], Any], x: Any) -> Any:
+        """``fwd(x)`` recorded as one autograd node whose backward is ``bwd(grad)``."""
+        raise NotImplementedError
+
+    def requires_grad(self, t: Any) -> bool:
+        raise NotImplementedError
+
+    def wrap(self, local: Any, spec: Any) -> Any:
+        """Wrap a local tensor (keeping its autograd history) as this platform's DTensor."""
+        raise NotImplementedError
+
+    def make_leaf(self, local: Any, spec: Any, requires_grad: bool) -> Any:
+        """A new autograd leaf DTensor over ``local``'s data."""
+        raise NotImplementedError
+
+    def local_of(self, dt: Any) -> Any:
+        """The local tensor of a DTensor as a plain framework tensor (alias, keeps autograd)."""
+        raise NotImplementedError
+
+    def tensor_meta(self, t: Any, shape: Sequence[int] | None = None) -> Any:
+        """TensorMeta of a plain tensor (global ``shape`` if given, else ``t``'s)."""
+        raise NotImplementedError
+
+    def is_tensor(self, obj: Any) -> bool:
+        raise NotImplementedError
+
+    def detach(self, t: Any) -> Any:
+        raise NotImplementedError
+
+    def contiguous(self, t: Any) -> Any:
+        raise NotImplementedError
+
+    def new_tensor(
+        self, kind: str, shape: Sequence[int], fill_value: Any, dtype: Any, device: Any = None
+    ) -> Any:
+        """A new plain tensor (kind: zeros/ones/empty/full/rand/randn) on the mesh's device
+        type ``device``."""
+        raise NotImplementedError

@@ -1,0 +1,255 @@
+"""The torch platform: torch.distributed collectives, local primitives and autograd."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C import DisableTorchFunctionSubclass
+
+from ...redistribute.cost import COLLECTIVES
+from ...spec import TensorMeta, contiguous_stride
+from ..base import Platform
+
+__all__ = ["TorchPlatform", "TorchGroup"]
+
+_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl", "xpu": "xccl"}
+_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+    "prod": dist.ReduceOp.PRODUCT,
+}
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class TorchGroup:
+    """A torch process group plus the map from mesh coordinate to group rank."""
+
+    __slots__ = ("pg", "ranks", "order", "identity")
+
+    def __init__(self, pg: Any, ranks: Sequence[int]) -> None:
+        self.pg = pg
+        self.ranks = tuple(ranks)
+        srt = sorted(self.ranks)
+        self.order = tuple(srt.index(r) for r in self.ranks)  # coordinate -> group rank
+        self.identity = self.order == tuple(range(len(self.ranks)))
+
+    def to_coord_order(self, xs: list[Any]) -> list[Any]:
+        return xs if self.identity else [xs[g] for g in self.order]
+
+    def to_group_order(self, xs: Sequence[Any]) -> list[Any]:
+        if self.identity:
+            return list(xs)
+        out: list[Any] = [None] * len(xs)
+        for c, g in enumerate(self.order):
+            out[g] = xs[c]
+        return out
+
+    def __repr__(self) -> str:
+        return f"TorchGroup(ranks={list(self.ranks)})"
+
+
+class _Custom(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, fwd: Callable, bwd: Callable) -> torch.Tensor:  # type: ignore[override]
+        ctx.bwd = bwd
+        out = fwd(x)
+        if out is x:
+            out = x.view_as(x)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, None, None]:  # type: ignore[override]
+        with DisableTorchFunctionSubclass():
+            return ctx.bwd(g), None, None
+
+
+class TorchPlatform(Platform):
+    """hyper_shard on PyTorch: gloo on CPU, NCCL on GPU, HCCL on Ascend (torch_npu)."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        compose = os.environ.get("HYPER_SHARD_COMPOSE", "")
+        self.native_collectives = frozenset(
+            c for c in COLLECTIVES if c not in {x.strip() for x in compose.split(",")}
+        )
+
+    # ------------------------------------------------------------ process groups
+    def ensure_initialized(self, device_type: str) -> None:
+        if dist.is_initialized():
+            return
+        backend = _BACKENDS.get(device_type.lower(), "gloo")
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend=backend)
+        else:  # a lone process (notebook, single-device debugging): a world of one
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+
+    def get_rank(self) -> int:
+        return dist.get_rank()
+
+    def get_world_size(self) -> int:
+        return dist.get_world_size()
+
+    def new_group(self, ranks: Sequence[int]) -> TorchGroup:
+        ranks = list(ranks)
+        if sorted(ranks) == list(range(dist.get_world_size())):
+            pg = dist.group.WORLD
+        else:
+            pg = dist.new_group(ranks)
+        return TorchGroup(pg, ranks)
+
+    # ------------------------------------------------------------ local primitives
+    def shape(self, t: Any) -> tuple[int, ...]:
+        with DisableTorchFunctionSubclass():
+            return tuple(t.shape)
+
+    def narrow(self, t: torch.Tensor, dim: int, start: int, length: int) -> torch.Tensor:
+        return t.narrow(dim, start, length)
+
+    def cat(self, ts: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
+        return ts[0] if len(ts) == 1 else torch.cat(list(ts), dim)
+
+    def pad_dim(self, t: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+        shape = list(t.shape)
+        shape[dim] = size - shape[dim]
+        return torch.cat([t, t.new_zeros(shape)], dim)
+
+    def embed(self, t: torch.Tensor, dim: int, start: int, extent: int) -> torch.Tensor:
+        shape = list(t.shape)
+        shape[dim] = extent
+        out = t.new_zeros(shape)
+        out.narrow(dim, start, t.shape[dim]).copy_(t)
+        return out
+
+    def zeros_like(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(t)
+
+    def ones_like(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(t)
+
+    def scale(self, t: torch.Tensor, factor: float) -> torch.Tensor:
+        return t * factor
+
+    def eq_mask(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (a == b).to(a.dtype)
+
+    def mul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a * b
+
+    def div(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a / b
+
+    def detach(self, t: torch.Tensor) -> torch.Tensor:
+        with DisableTorchFunctionSubclass():
+            return t.detach()
+
+    def contiguous(self, t: torch.Tensor) -> torch.Tensor:
+        return t.contiguous()
+
+    def new_tensor(
+        self, kind: str, shape: Sequence[int], fill_value: Any, dtype: Any, device: Any = None
+    ) -> torch.Tensor:
+        shape = tuple(shape)
+        if isinstance(device, str) and device != "cpu" and ":" not in device:
+            mod = getattr(torch, device, None)
+            device = torch.device(device, mod.current_device()) if mod is not None else device
+        if kind == "full":
+            return torch.full(shape, fill_value, dtype=dtype, device=device)
+        fn: Any = {
+            "zeros": torch.zeros,
+            "ones": torch.ones,
+            "empty": torch.empty,
+            "rand": torch.rand,
+            "randn": torch.randn,
+        }[kind]
+        return fn(shape, dtype=dtype, device=device)
+
+    # ------------------------------------------------------------ collectives
+    def all_gather(self, t: torch.Tensor, group: TorchGroup, n: int) -> list[torch.Tensor]:
+        shape = tuple(t.shape)
+        if t.numel() == 0:
+            return [t] * n
+        buf = torch.empty((n, *shape), dtype=t.dtype, device=t.device)
+        _all_gather(buf.view(-1), t.contiguous().view(-1), group=group.pg)
+        return group.to_coord_order(list(buf.unbind(0)))
+
+    def all_reduce(self, t: torch.Tensor, op: str, group: TorchGroup) -> torch.Tensor:
+        out = t.contiguous().clone()
+        if out.numel() == 0:
+            return out
+        dist.all_reduce(out, op=_OPS["sum" if op == "avg" else op], group=group.pg)
+        if op == "avg":
+            out = out / len(group.ranks) if out.is_floating_point() else out // len(group.ranks)
+        return out
+
+    def reduce_scatter(
+        self, pieces: Sequence[torch.Tensor], op: str, group: TorchGroup
+    ) -> torch.Tensor:
+        inp = torch.stack(group.to_group_order(pieces))
+        out = torch.empty_like(pieces[0], memory_format=torch.contiguous_format)
+        if out.numel() == 0:
+            return out
+        _reduce_scatter(
+            out.view(-1), inp.view(-1), op=_OPS["sum" if op == "avg" else op], group=group.pg
+        )
+        if op == "avg":
+            out = out / len(group.ranks)
+        return out
+
+    def all_to_all(self, pieces: Sequence[torch.Tensor], group: TorchGroup) -> list[torch.Tensor]:
+        inp = torch.stack(group.to_group_order(pieces))
+        if inp.numel() == 0:
+            return list(pieces)
+        out = torch.empty_like(inp)
+        dist.all_to_all_single(out.view(-1), inp.view(-1), group=group.pg)
+        return group.to_coord_order(list(out.unbind(0)))
+
+    def broadcast(self, t: torch.Tensor, src_group_rank: int, group: TorchGroup) -> torch.Tensor:
+        out = t.contiguous().clone()
+        dist.broadcast(out, src=group.ranks[src_group_rank], group=group.pg)
+        return out
+
+    def all_gather_object(self, obj: Any, group: TorchGroup, n: int) -> list[Any]:
+        out: list[Any] = [None] * n
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dist.all_gather_object(out, obj, group=group.pg)
+        return group.to_coord_order(out)
+
+    # ------------------------------------------------------------ autograd & wrapping
+    def custom_autograd(self, fwd: Callable, bwd: Callable, x: Any) -> torch.Tensor:
+        with DisableTorchFunctionSubclass():
+            return _Custom.apply(x, fwd, bwd)
+
+    def requires_grad(self, t: Any) -> bool:
+        with DisableTorchFunctionSubclass():
+            return bool(t.requires_grad) and torch.is_grad_enabled()
+
+    def wrap(self, local: torch.Tensor, spec: Any) -> Any:
+        from .dtensor import wrap
+
+        return wrap(local, spec)
+
+    def make_leaf(self, local: torch.Tensor, spec: Any, requires_grad: bool) -> Any:
+        from .dtensor import make_leaf
+
+        return make_leaf(local, spec, requires_grad)
+
+    def local_of(self, dt: Any) -> torch.Tensor:
+        with DisableTorchFunctionSubclass():
+            return dt.as_subclass(torch.Tensor)
+
+    def tensor_meta(self, t: Any, shape: Sequence[int] | None = None) -> TensorMeta:
+        with DisableTorchFunctionSubclass():
+            shp = tuple(t.shape) if shape is None else tuple(shape)
+            return TensorMeta(shp, contiguous_stride(shp), t.dtype, t.element_size())
+
+    def is_tensor(self, obj: Any) -> bool:
+        return isinstance(obj, torch.Tensor)

@@ -1,0 +1,370 @@
+"""The PyTorch DTensor: a ``torch.Tensor`` subclass hooked with ``__torch_function__``.
+
+To torch, a DTensor *is* its local shard: its storage is the local data and autograd
+records local ops on it (backward runs in torch's own engine, on local shards). The
+subclass adds a :class:`~hyper_shard.spec.DTensorSpec`, reports the global shape, and
+sends every public torch function called on it to the hyper_shard dispatcher, which
+runs the local op with torch-function handling disabled and wraps the result as an
+alias that keeps the autograd graph (``as_subclass``).
+
+A small table of *protocol* functions (metadata, ``grad``, ``backward``, ``detach``,
+``requires_grad_``, repr, deepcopy...) is answered here without the dispatcher.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._C import DisableTorchFunctionSubclass
+
+from ...dtensor import DTensor, local_derivative, redistribute_local
+from ...placement import Partial, Replicate, grad_placement
+from ...spec import DTensorSpec
+
+__all__ = ["TorchDTensor", "wrap", "make_leaf", "PROTOCOL_HANDLERS"]
+
+
+class TorchDTensor(DTensor, torch.Tensor):  # type: ignore[misc]
+    """hyper_shard's DTensor on PyTorch (see :class:`hyper_shard.DTensor`)."""
+
+    _spec: DTensorSpec
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        h = PROTOCOL_HANDLERS.get(func)
+        if h is not None:
+            return h(args, kwargs or {})
+        from ...dispatch.dispatcher import dispatch
+
+        return dispatch(func, args, kwargs or {})
+
+
+def wrap(local: torch.Tensor, spec: DTensorSpec) -> TorchDTensor:
+    """Wrap a plain local tensor as a DTensor alias (autograd history kept)."""
+    out = local.as_subclass(TorchDTensor)
+    out._spec = spec
+    return out
+
+
+def make_leaf(local: torch.Tensor, spec: DTensorSpec, requires_grad: bool) -> TorchDTensor:
+    """A new autograd leaf DTensor sharing ``local``'s storage."""
+    with DisableTorchFunctionSubclass():
+        data = local.detach()
+    out = torch.Tensor._make_subclass(TorchDTensor, data, requires_grad)
+    out._spec = spec
+    return out
+
+
+def _local(dt: Any) -> torch.Tensor:
+    with DisableTorchFunctionSubclass():
+        return dt.as_subclass(torch.Tensor)
+
+
+def _plat(dt: Any) -> Any:
+    return dt._spec.mesh.platform
+
+
+# ---------------------------------------------------------------------- handlers
+PROTOCOL_HANDLERS: dict[Any, Callable[[Any, dict], Any]] = {}
+
+
+def _on(*funcs: Any) -> Callable:
+    def deco(fn: Callable) -> Callable:
+        for f in funcs:
+            PROTOCOL_HANDLERS[f] = fn
+        return fn
+
+    return deco
+
+
+T: Any = torch.Tensor  # descriptors (T.grad.__get__) are untyped in the stubs
+
+
+@_on(T.shape.__get__)
+def _shape(args: Any, kwargs: dict) -> torch.Size:
+    return torch.Size(args[0]._spec.shape)
+
+
+@_on(T.size)
+def _size(args: Any, kwargs: dict) -> Any:
+    shape = args[0]._spec.shape
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    if dim is None:
+        return torch.Size(shape)
+    if isinstance(dim, str):
+        raise NotImplementedError("named dims are not supported on DTensor")
+    return shape[dim]
+
+
+@_on(T.dim, T.ndimension, T.ndim.__get__)
+def _dim(args: Any, kwargs: dict) -> int:
+    return len(args[0]._spec.shape)
+
+
+@_on(T.numel, T.nelement)
+def _numel(args: Any, kwargs: dict) -> int:
+    return math.prod(args[0]._spec.shape)
+
+
+@_on(T.stride)
+def _stride(args: Any, kwargs: dict) -> Any:
+    st = args[0]._spec.stride
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    return st if dim is None else st[dim]
+
+
+@_on(T.__len__)
+def _len(args: Any, kwargs: dict) -> int:
+    shape = args[0]._spec.shape
+    if not shape:
+        raise TypeError("len() of a 0-d DTensor")
+    return shape[0]
+
+
+@_on(T.nbytes.__get__)
+def _nbytes(args: Any, kwargs: dict) -> int:
+    spec = args[0]._spec
+    return math.prod(spec.shape) * spec.tensor_meta.itemsize
+
+
+_PASSTHROUGH_GET = [
+    "dtype", "device", "layout", "requires_grad", "is_leaf", "grad_fn", "is_cuda", "is_cpu",
+    "is_meta", "is_sparse", "is_sparse_csr", "is_quantized", "is_nested", "is_mkldnn", "is_xpu",
+    "is_mps", "is_xla", "is_ipu", "is_vulkan", "is_maia", "is_mtia", "_version", "output_nr",
+    "itemsize", "name", "retains_grad", "_base", "_backward_hooks", "_post_accumulate_grad_hooks",
+    "_grad_fn", "_cdata", "_python_dispatch", "_has_symbolic_sizes_strides", "volatile", "grad_dtype",
+]  # fmt: skip
+_PASSTHROUGH_METHODS = [
+    "element_size", "is_floating_point", "is_complex", "is_signed", "data_ptr", "get_device",
+    "is_contiguous", "is_pinned", "is_shared", "retain_grad", "_is_view", "is_inference",
+    "untyped_storage", "storage_offset", "__hash__", "requires_grad_", "__setstate__",
+    "_fix_weakref", "_is_zerotensor", "is_conj", "is_neg", "has_names", "__dlpack_device__",
+]  # fmt: skip
+
+
+def _passthrough(func: Any) -> Callable:
+    def h(args: Any, kwargs: dict) -> Any:
+        with DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        return args[0] if out is args[0] or (func is T.requires_grad_) else out
+
+    return h
+
+
+for _n in _PASSTHROUGH_GET:
+    if hasattr(T, _n):
+        PROTOCOL_HANDLERS[getattr(T, _n).__get__] = _passthrough(getattr(T, _n).__get__)
+for _n in _PASSTHROUGH_METHODS:
+    if hasattr(T, _n):
+        PROTOCOL_HANDLERS[getattr(T, _n)] = _passthrough(getattr(T, _n))
+PROTOCOL_HANDLERS[T.requires_grad.__set__] = _passthrough(T.requires_grad.__set__)
+
+
+@_on(T.grad.__get__, T._grad.__get__)
+def _grad_get(args: Any, kwargs: dict) -> Any:
+    self = args[0]
+    with DisableTorchFunctionSubclass():
+        g = T.grad.__get__(self)
+    if g is None:
+        return None
+    if isinstance(g, DTensor):
+        return g
+    cache = self.__dict__.get("_grad_wrapper")
+    if cache is not None and cache[0] is g and cache[1] == g._version:
+        return cache[2]
+    spec = self._spec
+    gspec = spec.with_placements([grad_placement(p) for p in spec.placements])
+    out = wrap(g, gspec)
+    self.__dict__["_grad_wrapper"] = (g, g._version, out)
+    return out
+
+
+@_on(T.grad.__set__, T._grad.__set__)
+def _grad_set(args: Any, kwargs: dict) -> None:
+    self, value = args[0], args[1]
+    if value is not None:
+        if isinstance(value, DTensor):
+            vspec = value._spec
+            if vspec.mesh != self._spec.mesh or vspec.shape != self._spec.shape:
+                raise ValueError(
+                    f"cannot set .grad of a DTensor {self._spec} to a DTensor {vspec}: the mesh "
+                    f"and global shape must match"
+                )
+            value = local_derivative(
+                _plat(self), _local(value).detach(), vspec.placements, self._spec
+            )
+        elif isinstance(value, torch.Tensor):
+            raise TypeError(
+                "a DTensor's .grad must be a DTensor on the same mesh (or None); wrap the local "
+                "gradient with DTensor.from_local"
+            )
+    with DisableTorchFunctionSubclass():
+        T.grad.__set__(self, value)
+    self.__dict__.pop("_grad_wrapper", None)
+
+
+@_on(T.grad.__delete__)
+def _grad_del(args: Any, kwargs: dict) -> None:
+    with DisableTorchFunctionSubclass():
+        T.grad.__delete__(args[0])
+
+
+@_on(T.data.__get__)
+def _data_get(args: Any, kwargs: dict) -> Any:
+    self = args[0]
+    with DisableTorchFunctionSubclass():
+        d = T.data.__get__(self)
+    return wrap(d, self._spec)
+
+
+@_on(T.data.__set__)
+def _data_set(args: Any, kwargs: dict) -> None:
+    self, value = args
+    if not isinstance(value, DTensor):
+        raise TypeError("DTensor.data must be set to a DTensor with the same spec")
+    if value._spec.shape != self._spec.shape or value._spec.mesh != self._spec.mesh:
+        raise ValueError(f"DTensor.data: {value._spec} does not match {self._spec}")
+    if value._spec.placements != self._spec.placements:
+        value = value.redistribute(self._spec.mesh, self._spec.placements)
+    with DisableTorchFunctionSubclass():
+        T.data.__set__(self, _local(value).detach())
+
+
+@_on(T.detach)
+def _detach(args: Any, kwargs: dict) -> Any:
+    self = args[0]
+    with DisableTorchFunctionSubclass():
+        d = T.detach(self)
+    return wrap(d, self._spec)
+
+
+@_on(T.detach_)
+def _detach_(args: Any, kwargs: dict) -> Any:
+    with DisableTorchFunctionSubclass():
+        T.detach_(args[0])
+    return args[0]
+
+
+@_on(T.backward)
+def _backward(args: Any, kwargs: dict) -> None:
+    """``loss.backward()`` on a DTensor: seeds the local-derivative form of the gradient
+    (a Replicate scalar loss is counted once, not once per rank)."""
+    self = args[0]
+    names = ("gradient", "retain_graph", "create_graph", "inputs")
+    opts = dict(zip(names, args[1:]))
+    opts.update(kwargs)
+    gradient = opts.pop("gradient", None)
+    spec = self._spec
+    plat = _plat(self)
+    if gradient is None:
+        if math.prod(spec.shape) != 1:
+            raise RuntimeError(
+                f"grad can be implicitly created only for scalar outputs; this DTensor has global "
+                f"shape {tuple(spec.shape)}: pass gradient= (a DTensor of that shape)"
+            )
+        target = self
+        if any(type(p) is Partial and p.reduce_op != "sum" for p in spec.placements):
+            fix = [
+                Replicate() if type(p) is Partial and p.reduce_op != "sum" else p
+                for p in spec.placements
+            ]
+            target = self.redistribute(spec.mesh, fix)
+        tspec = target._spec
+        local = _local(target)
+        with DisableTorchFunctionSubclass():
+            seed = torch.ones_like(local)
+        coord = tspec.mesh.get_coordinate()
+        assert coord is not None
+        if any(type(p) is Replicate and coord[m] != 0 for m, p in enumerate(tspec.placements)):
+            with DisableTorchFunctionSubclass():
+                seed = torch.zeros_like(local)
+    else:
+        if not isinstance(gradient, DTensor):
+            raise TypeError(
+                "DTensor.backward(gradient=...): the gradient must be a DTensor with the same "
+                "global shape and mesh"
+            )
+        local = _local(self)
+        seed = local_derivative(plat, _local(gradient).detach(), gradient._spec.placements, spec)
+    with DisableTorchFunctionSubclass():
+        torch.autograd.backward(local, seed, **opts)
+
+
+@_on(T.register_hook)
+def _register_hook(args: Any, kwargs: dict) -> Any:
+    self, hook = args[0], args[1] if len(args) > 1 else kwargs["hook"]
+    spec = self._spec
+    gspec = spec.with_placements([grad_placement(p) for p in spec.placements])
+
+    def local_hook(g: torch.Tensor) -> Any:
+        out = hook(wrap(g, gspec))
+        if out is None:
+            return None
+        if isinstance(out, DTensor):
+            return local_derivative(_plat(self), _local(out), out._spec.placements, spec)
+        raise TypeError("a DTensor gradient hook must return None or a DTensor")
+
+    with DisableTorchFunctionSubclass():
+        return T.register_hook(self, local_hook)
+
+
+@_on(T.__repr__, T.__str__)
+def _repr(args: Any, kwargs: dict) -> str:
+    from ...dtensor import _format
+
+    return _format(args[0])
+
+
+@_on(T.__format__)
+def _format_spec(args: Any, kwargs: dict) -> str:
+    self, spec = args[0], args[1] if len(args) > 1 else ""
+    if spec == "":
+        return _repr((self,), {})
+    return format(self.full_tensor(), spec)
+
+
+@_on(T.__deepcopy__)
+def _deepcopy(args: Any, kwargs: dict) -> Any:
+    self = args[0]
+    memo = args[1] if len(args) > 1 else kwargs.get("memo", {})
+    if id(self) in memo:
+        return memo[id(self)]
+    with DisableTorchFunctionSubclass():
+        local = T.clone(self).detach()
+        rg = self.requires_grad
+    out = make_leaf(local, self._spec, rg)
+    if self.__dict__.get("_is_param"):
+        out._is_param = True  # type: ignore[attr-defined]
+    memo[id(self)] = out
+    return out
+
+
+@_on(T.__reduce_ex__)
+def _reduce_ex(args: Any, kwargs: dict) -> Any:
+    raise TypeError(
+        "a DTensor cannot be pickled (its mesh holds process groups); save "
+        "dt.to_local() with dt.placements, or dt.full_tensor()"
+    )
+
+
+def _full_then(method: Any) -> Callable:
+    def h(args: Any, kwargs: dict) -> Any:
+        self = args[0]
+        full = self.full_tensor()
+        return method(full, *args[1:], **kwargs)
+
+    return h
+
+
+for _m in (T.item, T.tolist, T.__bool__, T.__float__, T.__int__, T.__index__, T.numpy, T.__array__):
+    PROTOCOL_HANDLERS[_m] = _full_then(_m)
+
+
+def redistribute_dtensor(dt: Any, placements: Any) -> Any:
+    """Redistribute ``dt`` (used by the dispatcher)."""
+    spec = dt._spec
+    dst = spec.with_placements(placements)
+    return wrap(redistribute_local(spec.mesh.platform, _local(dt), spec, dst), dst)

@@ -1,0 +1,254 @@
+"""The redistribution planner: the cheapest sequence of steps between two placement lists.
+
+A *state* is the tuple of placements (one per mesh dim). A *step* changes the placement
+of one mesh dim:
+
+=============  ===============  ==============================================
+from -> to     kind             what runs
+=============  ===============  ==============================================
+R -> S(d)      chunk            local: keep this rank's chunk
+R -> P(op)     partition        local: the value on coordinate 0, identity elsewhere
+S(d) -> R      all_gather       all-gather along d
+S(d) -> S(e)   all_to_all       all-to-all from d to e
+S(d) -> P      pad              local: place the shard in zeros (sum only)
+P(op) -> R     all_reduce       all-reduce with op
+P(op) -> S(d)  reduce_scatter   reduce-scatter along d (sum and avg only)
+=============  ===============  ==============================================
+
+A step on mesh dim ``m`` that touches tensor dim ``d`` (as source or target shard) is
+legal only if no mesh dim to the right of ``m`` shards ``d``: shards nest left to right.
+Partial ops reachable in a plan are those of the source and target, plus ``sum`` (pad or
+partition into zeros, then reduce: exact, and sometimes cheaper) except for bool tensors.
+
+Costs come from :class:`CostModel` on the bytes of the largest local shard of the state
+a step leaves and enters. The plan is the shortest path (Dijkstra). Plans are pure
+values, cached per (source spec, target placements, cost model). No framework import.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from ..placement import Partial, Placement, Replicate, Shard, normalize_placements
+from ..spec import DTensorSpec
+from .cost import DEFAULT_COST_MODEL, CostModel
+
+__all__ = [
+    "Step",
+    "Plan",
+    "plan_redistribute",
+    "transitions",
+    "state_bytes",
+    "clear_plan_cache",
+    "plan_cache_info",
+]
+
+_R = Replicate()
+
+
+@dataclass(frozen=True)
+class Step:
+    """One redistribution step on one mesh dim."""
+
+    mesh_dim: int
+    src: Placement
+    dst: Placement
+    kind: str
+
+    def __repr__(self) -> str:
+        return f"{self.kind}[m{self.mesh_dim}: {self.src}->{self.dst}]"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A sequence of steps and its total modelled cost (seconds)."""
+
+    steps: tuple[Step, ...]
+    cost: float
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+def state_bytes(
+    shape: Sequence[int], mesh_shape: Sequence[int], state: Sequence[Placement], itemsize: int
+) -> int:
+    """Bytes of the largest local shard of a tensor of global ``shape`` in ``state``."""
+    ext = list(shape)
+    for m, p in enumerate(state):
+        if type(p) is Shard:
+            ext[p.dim] = -(-ext[p.dim] // mesh_shape[m])
+    return math.prod(ext) * itemsize
+
+
+def _sharded_right(state: Sequence[Placement], m: int, d: int) -> bool:
+    for p in state[m + 1 :]:
+        if type(p) is Shard and p.dim == d:
+            return True
+    return False
+
+
+def transitions(
+    state: tuple[Placement, ...], ndim: int, partial_ops: Sequence[str]
+) -> Iterator[tuple[int, Placement, str]]:
+    """Every legal step from ``state``: ``(mesh_dim, new placement, kind)``."""
+    for m, p in enumerate(state):
+        tp = type(p)
+        if tp is Replicate:
+            for d in range(ndim):
+                if not _sharded_right(state, m, d):
+                    yield m, Shard(d), "chunk"
+            for op in partial_ops:
+                yield m, Partial(op), "partition"
+        elif tp is Shard:
+            d = p.dim  # type: ignore[attr-defined]
+            if _sharded_right(state, m, d):
+                continue
+            yield m, _R, "all_gather"
+            for e in range(ndim):
+                if e != d and not _sharded_right(state, m, e):
+                    yield m, Shard(e), "all_to_all"
+            if "sum" in partial_ops:
+                yield m, Partial("sum"), "pad"
+        else:
+            op = p.reduce_op  # type: ignore[attr-defined]
+            yield m, _R, "all_reduce"
+            if op in ("sum", "avg"):
+                for d in range(ndim):
+                    if not _sharded_right(state, m, d):
+                        yield m, Shard(d), "reduce_scatter"
+
+
+def _partial_ops(*states: Sequence[Placement], allow_sum: bool = True) -> tuple[str, ...]:
+    """Partial ops the search may visit: those of the states, plus ``sum`` (the exact
+    intermediate of pad/partition paths) unless the dtype cannot be summed (bool)."""
+    ops: list[str] = ["sum"] if allow_sum else []
+    for s in states:
+        for p in s:
+            if type(p) is Partial and p.reduce_op not in ops:
+                ops.append(p.reduce_op)
+    return tuple(ops)
+
+
+def _dijkstra(
+    src: tuple[Placement, ...],
+    dst: tuple[Placement, ...],
+    shape: tuple[int, ...],
+    mesh_shape: tuple[int, ...],
+    itemsize: int,
+    cost_model: CostModel,
+    allow_sum: bool = True,
+) -> Plan:
+    ndim = len(shape)
+    pops = _partial_ops(src, dst, allow_sum=allow_sum)
+    nbytes: dict[tuple[Placement, ...], int] = {}
+
+    def b(s: tuple[Placement, ...]) -> int:
+        v = nbytes.get(s)
+        if v is None:
+            v = nbytes[s] = state_bytes(shape, mesh_shape, s, itemsize)
+        return v
+
+    dist = {src: 0.0}
+    prev: dict[tuple[Placement, ...], tuple[tuple[Placement, ...], Step]] = {}
+    counter = itertools.count()
+    heap = [(0.0, next(counter), src)]
+    done = set()
+    while heap:
+        c, _, s = heapq.heappop(heap)
+        if s in done:
+            continue
+        if s == dst:
+            steps = []
+            while s != src:
+                s, st = prev[s]
+                steps.append(st)
+            return Plan(tuple(reversed(steps)), c)
+        done.add(s)
+        bs = b(s)
+        for m, q, kind in transitions(s, ndim, pops):
+            t = s[:m] + (q,) + s[m + 1 :]
+            if t in done:
+                continue
+            nc = c + cost_model.step_cost(kind, m, mesh_shape[m], bs, b(t))
+            if nc < dist.get(t, math.inf):
+                dist[t] = nc
+                prev[t] = (s, Step(m, s[m], q, kind))
+                heapq.heappush(heap, (nc, next(counter), t))
+    raise RuntimeError(f"no redistribution plan from {list(src)} to {list(dst)}")  # unreachable
+
+
+_PLAN_CACHE: OrderedDict[tuple, Plan] = OrderedDict()
+_PLAN_CACHE_MAX = 4096
+_stats = {"hits": 0, "misses": 0}
+
+
+def plan_redistribute(
+    src: DTensorSpec,
+    dst_placements: Sequence[Placement],
+    cost_model: CostModel | None = None,
+) -> Plan:
+    """The cheapest plan from ``src`` to ``dst_placements`` on the same mesh.
+
+    Args:
+        src: the current spec (mesh, placements, global shape, itemsize).
+        dst_placements: the target placements, one per mesh dim.
+        cost_model: the alpha-beta model; default: the mesh platform's, or the default.
+
+    Returns:
+        A :class:`Plan` (empty when the placements already match).
+
+    Raises:
+        ValueError / IndexError: target placements that do not fit the mesh or tensor.
+    """
+    dst = normalize_placements(dst_placements, src.mesh.ndim, src.ndim)
+    if cost_model is None:
+        cost_model = cost_model_for(src.mesh)
+    key = (src.key, dst, cost_model)
+    plan = _PLAN_CACHE.get(key)
+    if plan is not None:
+        _stats["hits"] += 1
+        _PLAN_CACHE.move_to_end(key)
+        return plan
+    _stats["misses"] += 1
+    if src.placements == dst:
+        plan = Plan((), 0.0)
+    else:
+        plan = _dijkstra(
+            src.placements,
+            dst,
+            src.shape,
+            src.mesh.shape,
+            src.tensor_meta.itemsize,
+            cost_model,
+            "bool" not in str(src.tensor_meta.dtype),
+        )
+    _PLAN_CACHE[key] = plan
+    if len(_PLAN_CACHE) > _PLAN_CACHE_MAX:
+        _PLAN_CACHE.popitem(last=False)
+    return plan
+
+
+def cost_model_for(mesh) -> CostModel:  # type: ignore[no-untyped-def]
+    """The cost model of a mesh: its platform's (native collectives) or the default."""
+    cm = getattr(mesh, "_cost_model", None)
+    if cm is None:
+        cm = DEFAULT_COST_MODEL if mesh.is_abstract else mesh.platform.cost_model(mesh)
+        mesh._cost_model = cm
+    return cm
+
+
+def clear_plan_cache() -> None:
+    """Forget every cached plan (and reset the counters)."""
+    _PLAN_CACHE.clear()
+    _stats["hits"] = _stats["misses"] = 0
+
+
+def plan_cache_info() -> dict[str, int]:
+    """Hits, misses and size of the plan cache."""
+    return {**_stats, "size": len(_PLAN_CACHE)}

@@ -1,0 +1,326 @@
+"""DTensorSpec: a DeviceMesh, one placement per mesh dim, and the global tensor's metadata.
+
+Local shapes and global offsets follow ``torch.chunk`` semantics, as PyTorch DTensor:
+along a sharded tensor dim of extent ``E`` split over ``k`` ranks, every chunk holds
+``ceil(E / k)`` elements except the last non-empty one; trailing chunks may be empty.
+When several mesh dims shard the same tensor dim, they split it left to right: the
+leftmost mesh dim splits the whole extent, the next one splits each piece, and so on.
+
+The MindSpore "alias" form (device matrix, alias names, tensor_map) converts both ways.
+
+This module imports no framework.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from .mesh import DeviceMesh
+from .placement import Partial, Placement, Replicate, Shard, normalize_placements
+
+__all__ = [
+    "TensorMeta",
+    "DTensorSpec",
+    "AliasLayout",
+    "chunk_sizes",
+    "compute_local_shape_and_offset",
+]
+
+
+class TensorMeta(NamedTuple):
+    """Global metadata of a DTensor.
+
+    Attributes:
+        shape: the global shape.
+        stride: the global (contiguous) stride.
+        dtype: the framework's dtype object (opaque to the core).
+        itemsize: bytes per element (used by the cost model).
+    """
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: Any
+    itemsize: int = 4
+
+
+def contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major strides of ``shape`` (in elements)."""
+    out = []
+    acc = 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(out))
+
+
+def chunk_sizes(extent: int, n: int) -> list[int]:
+    """Sizes of the ``n`` pieces of ``extent`` elements under ``torch.chunk`` semantics,
+    padded with empty pieces to exactly ``n``.
+
+    >>> chunk_sizes(5, 4)
+    [2, 2, 1, 0]
+    """
+    if n <= 0:
+        raise ValueError(f"chunk_sizes: n must be positive, got {n}")
+    c = -(-extent // n) if extent > 0 else 0
+    return [max(0, min(c, extent - i * c)) for i in range(n)]
+
+
+def compute_local_shape_and_offset(
+    global_shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    placements: Sequence[Placement],
+    coordinate: Sequence[int],
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Local shape and global offset of the shard held at mesh ``coordinate``.
+
+    Args:
+        global_shape: the global tensor shape.
+        mesh_shape: the mesh shape.
+        placements: normalised placements (``Shard.dim >= 0``), one per mesh dim.
+        coordinate: the mesh coordinate of the rank.
+
+    Returns:
+        ``(local_shape, global_offset)``; an empty shard has offset equal to the end of
+        the previous shard (as PyTorch DTensor).
+    """
+    shape = list(global_shape)
+    offset = [0] * len(shape)
+    for m, p in enumerate(placements):
+        if type(p) is Shard:
+            sizes = chunk_sizes(shape[p.dim], mesh_shape[m])
+            c = coordinate[m]
+            offset[p.dim] += sum(sizes[:c])
+            shape[p.dim] = sizes[c]
+    return tuple(shape), tuple(offset)
+
+
+class DTensorSpec:
+    """Mesh + placements + global metadata, with a hash computed once.
+
+    Args:
+        mesh: the DeviceMesh (abstract or concrete).
+        placements: one placement per mesh dim; negative shard dims are normalised.
+        tensor_meta: the global shape, stride, dtype and itemsize.
+
+    Raises:
+        ValueError / IndexError / TypeError: placements that do not fit the mesh or tensor.
+    """
+
+    __slots__ = ("mesh", "placements", "tensor_meta", "key", "_hash", "_local_shape", "_offset")
+
+    def __init__(
+        self, mesh: DeviceMesh, placements: Sequence[Placement], tensor_meta: TensorMeta
+    ) -> None:
+        self.mesh = mesh
+        self.placements: tuple[Placement, ...] = normalize_placements(
+            placements, mesh.ndim, len(tensor_meta.shape)
+        )
+        self.tensor_meta = tensor_meta
+        self.key = (mesh._key, self.placements, tensor_meta.shape, tensor_meta.dtype)
+        self._hash = hash(self.key)
+        self._local_shape: tuple[int, ...] | None = None
+        self._offset: tuple[int, ...] | None = None
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The global shape."""
+        return self.tensor_meta.shape
+
+    @property
+    def ndim(self) -> int:
+        """The global tensor rank."""
+        return len(self.tensor_meta.shape)
+
+    @property
+    def dtype(self) -> Any:
+        return self.tensor_meta.dtype
+
+    @property
+    def stride(self) -> tuple[int, ...]:
+        return self.tensor_meta.stride
+
+    def with_placements(self, placements: Sequence[Placement]) -> DTensorSpec:
+        """The same tensor on the same mesh with other placements."""
+        return DTensorSpec(self.mesh, placements, self.tensor_meta)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DTensorSpec) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        pl = ", ".join(str(p) for p in self.placements)
+        return f"DTensorSpec(shape={list(self.shape)}, placements=[{pl}], mesh={self.mesh.shape})"
+
+    # ------------------------------------------------------------------ sharding
+    def is_replicated(self) -> bool:
+        return all(type(p) is Replicate for p in self.placements)
+
+    def has_partial(self) -> bool:
+        return any(type(p) is Partial for p in self.placements)
+
+    def shard_mesh_dims(self, tensor_dim: int) -> list[int]:
+        """Mesh dims that shard ``tensor_dim``, left to right."""
+        return [
+            m for m, p in enumerate(self.placements) if type(p) is Shard and p.dim == tensor_dim
+        ]
+
+    def local_shape_and_offset(
+        self, coordinate: Sequence[int] | None = None
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Local shape and global offset at ``coordinate`` (default: this rank's)."""
+        if coordinate is None:
+            if self._local_shape is None:
+                coord = self.mesh.get_coordinate()
+                if coord is None:
+                    return (0,) * self.ndim, (0,) * self.ndim
+                self._local_shape, self._offset = compute_local_shape_and_offset(
+                    self.shape, self.mesh.shape, self.placements, coord
+                )
+            assert self._offset is not None
+            return self._local_shape, self._offset
+        return compute_local_shape_and_offset(
+            self.shape, self.mesh.shape, self.placements, coordinate
+        )
+
+    def local_shape(self, coordinate: Sequence[int] | None = None) -> tuple[int, ...]:
+        """The local shard's shape at ``coordinate`` (default: this rank's)."""
+        return self.local_shape_and_offset(coordinate)[0]
+
+    def global_offset(self, coordinate: Sequence[int] | None = None) -> tuple[int, ...]:
+        """The global index of the local shard's first element at ``coordinate``."""
+        return self.local_shape_and_offset(coordinate)[1]
+
+    def max_local_numel(self) -> int:
+        """Elements of the largest local shard (what a collective waits for)."""
+        shape = list(self.shape)
+        for m, p in enumerate(self.placements):
+            if type(p) is Shard:
+                shape[p.dim] = -(-shape[p.dim] // self.mesh.shape[m])
+        return math.prod(shape)
+
+    def is_evenly_sharded(self) -> bool:
+        """True if every shard has the same shape."""
+        shape = list(self.shape)
+        for m, p in enumerate(self.placements):
+            if type(p) is Shard:
+                n = self.mesh.shape[m]
+                if shape[p.dim] % n:
+                    return False
+                shape[p.dim] //= n
+        return True
+
+    # ------------------------------------------------------------------ alias form
+    def to_alias(self) -> AliasLayout:
+        """This layout in MindSpore's alias form (device matrix, alias names, tensor_map).
+
+        Raises:
+            ValueError: the mesh has no dim names and there is no default naming.
+        """
+        names = self.mesh.mesh_dim_names or tuple(f"d{i}" for i in range(self.mesh.ndim))
+        tmap: list[str | tuple[str, ...]] = []
+        for d in range(self.ndim):
+            ms = [names[m] for m in self.shard_mesh_dims(d)]
+            tmap.append("None" if not ms else ms[0] if len(ms) == 1 else tuple(ms))
+        partial = {
+            names[m]: p.reduce_op for m, p in enumerate(self.placements) if type(p) is Partial
+        }
+        return AliasLayout(self.mesh.shape, names, tuple(tmap), partial)
+
+    @classmethod
+    def from_alias(
+        cls,
+        mesh: DeviceMesh,
+        tensor_map: Sequence[str | Sequence[str]],
+        tensor_meta: TensorMeta,
+        partial: dict[str, str] | None = None,
+    ) -> DTensorSpec:
+        """Build a spec from MindSpore alias form.
+
+        Args:
+            mesh: a mesh whose ``mesh_dim_names`` are the alias names.
+            tensor_map: per tensor dim, ``"None"``, an alias name, or a tuple of alias names
+                (major to minor: the first splits the dim first).
+            tensor_meta: global metadata.
+            partial: alias name -> reduce op for mesh dims holding partial values.
+
+        Raises:
+            ValueError: unknown alias, a mesh dim used twice, a tuple whose order is not
+                left to right in the mesh (not representable with Shard placements), or a
+                partial mesh dim that also shards.
+        """
+        names = mesh.mesh_dim_names or tuple(f"d{i}" for i in range(mesh.ndim))
+        if len(tensor_map) != len(tensor_meta.shape):
+            raise ValueError(
+                f"from_alias: tensor_map {tuple(tensor_map)} has {len(tensor_map)} entries "
+                f"for a tensor of rank {len(tensor_meta.shape)}"
+            )
+        placements: list[Placement] = [Replicate()] * mesh.ndim
+        used: set[int] = set()
+        for d, entry in enumerate(tensor_map):
+            if entry is None or entry == "None":
+                continue
+            aliases = (entry,) if isinstance(entry, str) else tuple(entry)
+            mdims = []
+            for a in aliases:
+                if a == "None":
+                    continue
+                if a not in names:
+                    raise ValueError(f"from_alias: alias {a!r} is not one of the mesh's {names}")
+                m = names.index(a)
+                if m in used:
+                    raise ValueError(f"from_alias: mesh dim {a!r} shards two tensor dims")
+                used.add(m)
+                mdims.append(m)
+            if mdims != sorted(mdims):
+                raise ValueError(
+                    f"from_alias: tensor dim {d} is split by {aliases} in an order that is not "
+                    f"left to right on the mesh {names}; reorder the mesh dims or the tuple"
+                )
+            for m in mdims:
+                placements[m] = Shard(d)
+        for a, op in (partial or {}).items():
+            if a not in names:
+                raise ValueError(
+                    f"from_alias: partial alias {a!r} is not one of the mesh's {names}"
+                )
+            m = names.index(a)
+            if m in used:
+                raise ValueError(f"from_alias: mesh dim {a!r} is both sharding and partial")
+            placements[m] = Partial(op)
+        return cls(mesh, placements, tensor_meta)
+
+
+class AliasLayout(NamedTuple):
+    """MindSpore's layout form of a DTensorSpec.
+
+    Attributes:
+        device_matrix: the mesh shape.
+        alias_name: one name per mesh dim.
+        tensor_map: per tensor dim, ``"None"``, a name, or a tuple of names (major first).
+        partial: mesh-dim name -> reduce op, for partial mesh dims.
+    """
+
+    device_matrix: tuple[int, ...]
+    alias_name: tuple[str, ...]
+    tensor_map: tuple[str | tuple[str, ...], ...]
+    partial: dict[str, str]
+
+    @property
+    def tensor_map_ints(self) -> tuple[int | tuple[int, ...], ...]:
+        """tensor_map as MindSpore's integers: a mesh dim counts from the right (the last
+        mesh dim is 0), ``-1`` means not sharded."""
+        n = len(self.alias_name)
+
+        def idx(a: str) -> int:
+            return n - 1 - self.alias_name.index(a)
+
+        return tuple(
+            -1 if e == "None" else idx(e) if isinstance(e, str) else tuple(idx(a) for a in e)
+            for e in self.tensor_map
+        )

@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import pytest
+
+from tests._dist import DistPool
+
+_POOLS: dict[tuple, DistPool] = {}
+
+
+def get_pool(world: int, **env: str) -> DistPool:
+    key = (world, tuple(sorted(env.items())))
+    pool = _POOLS.get(key)
+    if pool is None:
+        pool = _POOLS[key] = DistPool(world, env)
+    return pool
+
+
+@pytest.fixture(scope="session")
+def dist2() -> DistPool:
+    return get_pool(2)
+
+
+@pytest.fixture(scope="session")
+def dist4() -> DistPool:
+    return get_pool(4)
+
+
+def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001
+    for pool in _POOLS.values():
+        pool.close()
+    _POOLS.clear()
+
+
+@pytest.fixture(scope="session")
+def rank_pool_composed() -> DistPool:
+    """4 ranks whose torch platform composes reduce-scatter and all-to-all."""
+    return get_pool(4, HYPER_SHARD_COMPOSE="reduce_scatter,all_to_all")
