@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .mesh import DeviceMesh
 from .placement import Partial, Placement, Replicate, Shard, grad_placement, normalize_placements
-from .redistribute.executor import backward_plan, execute_plan
+from .redistribute.executor import execute_plan
 from .redistribute.planner import plan_redistribute
 from .spec import DTensorSpec, TensorMeta, chunk_sizes, contiguous_stride
 
@@ -168,15 +168,39 @@ class DTensor:
             if grad_placements is not None
             else tuple(Replicate() if type(p) is Partial else p for p in spec.placements)
         )
+        fwd = local if any(type(p) is Partial for p in spec.placements) else None
         return plat.custom_autograd(
-            lambda x: x, lambda g: local_derivative(plat, g, gp, spec), local
+            lambda x: x, lambda g: local_derivative(plat, g, gp, spec, fwd), local
         )
 
     def full_tensor(self, *, grad_placements: Sequence[Placement] | None = None) -> Any:
-        """The whole global tensor on every rank (redistribute to Replicate, then
-        ``to_local``); shape = global shape. A collective: every rank must call it."""
-        r = self.redistribute(self._spec.mesh, [Replicate()] * self._spec.mesh.ndim)
-        return r.to_local(grad_placements=grad_placements)
+        """The whole global tensor on every rank (as ``redistribute`` to Replicate then
+        ``to_local``); shape = global shape. A collective: every rank must call it.
+
+        Backward reads the incoming gradient as ``grad_placements`` (default Replicate: one
+        value computed identically on every rank) and converts it straight to this DTensor's
+        gradient form: a Replicate gradient needs no communication (Shard sources keep their
+        chunk, Replicate sources keep it on coordinate 0), as in PyTorch.
+        """
+        spec = self._spec
+        mesh = spec.mesh
+        plat = mesh.platform
+        local = plat.local_of(self)
+        dst = (Replicate(),) * mesh.ndim
+        plan = plan_redistribute(spec, dst)
+        if not plat.requires_grad(local):
+            return execute_plan(plat, local, spec, plan) if plan.steps else local
+        gp = (
+            normalize_placements(grad_placements, mesh.ndim, spec.ndim)
+            if grad_placements is not None
+            else dst
+        )
+        fwd_local = local if any(type(p) is Partial for p in spec.placements) else None
+        return plat.custom_autograd(
+            lambda x: execute_plan(plat, x, spec, plan),
+            lambda g: local_derivative(plat, g, gp, spec, fwd_local),
+            local,
+        )
 
     def redistribute(
         self,
@@ -227,20 +251,12 @@ def _format(dt: Any) -> str:
 # ---------------------------------------------------------------------- helpers
 def redistribute_local(plat: Platform, local: Any, src: DTensorSpec, dst: DTensorSpec) -> Any:
     """Redistribute a local shard from ``src`` to ``dst`` placements (autograd-aware)."""
+    from .dispatch.dispatcher import redistribute_with_plan
+
     plan = plan_redistribute(src, dst.placements)
     if not plan.steps:
         return local
-    if not plat.requires_grad(local):
-        return execute_plan(plat, local, src, plan)
-    saved: list[Any] = []
-
-    def fwd(x: Any) -> Any:
-        return execute_plan(plat, x, src, plan, saved)
-
-    def bwd(g: Any) -> Any:
-        return backward_plan(plat, g, src, plan, saved)
-
-    return plat.custom_autograd(fwd, bwd, local)
+    return redistribute_with_plan(plat, local, src, plan)
 
 
 def _redistribute_plain(plat: Platform, g: Any, spec: DTensorSpec, dst: Sequence[Placement]) -> Any:
@@ -250,20 +266,27 @@ def _redistribute_plain(plat: Platform, g: Any, spec: DTensorSpec, dst: Sequence
 
 
 def local_derivative(
-    plat: Platform, g: Any, g_placements: Sequence[Placement], spec: DTensorSpec
+    plat: Platform,
+    g: Any,
+    g_placements: Sequence[Placement],
+    spec: DTensorSpec,
+    forward_local: Any = None,
 ) -> Any:
     """Convert a local gradient whose global reading has ``g_placements`` into the local
     derivative form of a value laid out by ``spec`` (see the gradient contract).
 
+    For ``Partial(max|min)`` values the derivative goes to the ranks holding the extremum
+    (ties split evenly), which needs the forward local value ``forward_local``.
+
     Raises:
-        NotImplementedError: the value is ``Partial(max|min|prod)`` (its local derivative
-            depends on the forward values).
+        NotImplementedError: a ``Partial(prod)`` value, or ``Partial(max|min)`` without
+            ``forward_local``.
     """
     target: list[Placement] = []
-    avg_dims = []
+    avg_dims, ext_dims = [], []
     for m, p in enumerate(spec.placements):
         if type(p) is Partial:
-            if p.reduce_op in ("max", "min", "prod"):
+            if p.reduce_op == "prod" or (p.reduce_op in ("max", "min") and forward_local is None):
                 raise NotImplementedError(
                     f"the gradient of a local tensor of a Partial({p.reduce_op}) DTensor is not "
                     f"defined by its global gradient alone; redistribute it to Replicate() first"
@@ -271,12 +294,22 @@ def local_derivative(
             target.append(Replicate())
             if p.reduce_op == "avg":
                 avg_dims.append(m)
+            elif p.reduce_op in ("max", "min"):
+                ext_dims.append((m, p.reduce_op))
         else:
             target.append(grad_placement(p))
     gspec = spec.with_placements(g_placements)
     out = _redistribute_plain(plat, g, gspec, target)
     for m in avg_dims:
         out = plat.scale(out, 1.0 / spec.mesh.shape[m])
+    if ext_dims:
+        x = forward_local
+        for m, op in ext_dims:  # mask each partial mesh dim in turn (nested reductions)
+            group = spec.mesh.get_group(m)
+            y = plat.all_reduce(x, op, group)
+            mask = plat.eq_mask(x, y)
+            out = plat.div(plat.mul(out, mask), plat.all_reduce(mask, "sum", group))
+            x = y
     return out
 
 

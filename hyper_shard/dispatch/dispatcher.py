@@ -1,30 +1,269 @@
-"""Routes every op called on a DTensor (placeholder until the registry lands)."""
+"""The three-phase dispatcher: preprocess -> cached layout inference -> execute/wrap.
+
+One :class:`Dispatcher` per platform. The hot path (a cache hit with no redistribution)
+is: one dict lookup for the bound op, one scan of the arguments for the key, one
+OrderedDict lookup, the local call, the wrap. Everything else happens on a miss.
+
+Unregistered ops raise :class:`~hyper_shard.errors.OpNotRegisteredError` naming the op,
+the input placements and the YAML entry to add, unless the platform can decompose a
+composite function into registered ones, or ``hyper_shard.config.fallback = "replicate"``
+(gather the inputs, run the plain op, return Replicate DTensors; warns once per op).
+"""
 
 from __future__ import annotations
 
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
-from ..errors import OpNotRegisteredError
+from ..errors import OpNotRegisteredError, ShardingError
+from ..redistribute.executor import backward_plan, execute_plan
+from .op import BoundOp, Decision, OpCall, fmt_placements
 
-__all__ = ["dispatch"]
+__all__ = ["Dispatcher", "config", "cache_info", "clear_cache"]
 
 
-def _describe(args: Any, kwargs: dict) -> str:
-    from ..dtensor import DTensor
+class _Config:
+    """Dispatcher policy. ``fallback``: ``"error"`` (default) or ``"replicate"``;
+    ``cache_size``: decisions kept (LRU)."""
 
-    parts = []
+    fallback: str = "error"
+    cache_size: int = 8192
+
+
+config = _Config()
+
+_CACHE: OrderedDict[tuple, Decision] = OrderedDict()
+_STATS = {"hits": 0, "misses": 0}
+_WARNED: set[str] = set()
+
+
+def cache_info() -> dict[str, int]:
+    """Layout-cache hits, misses and size."""
+    return {**_STATS, "size": len(_CACHE), "max_size": config.cache_size}
+
+
+def clear_cache() -> None:
+    """Forget every cached decision and reset the counters."""
+    _CACHE.clear()
+    _STATS["hits"] = _STATS["misses"] = 0
+
+
+class Dispatcher:
+    """Routes ops called on a platform's DTensors.
+
+    Args:
+        platform: the Platform (collectives, wrapping).
+        lookup: platform function -> BoundOp, or None.
+        name_of: readable name of a platform function (for errors).
+        run_local: ``run_local(fn, args, kwargs)`` runs ``fn`` on local data.
+        wrap_outputs: ``wrap_outputs(out, decision)`` wraps local results.
+        is_dtensor: the platform's DTensor check.
+        decompose: optional ``decompose(func)`` -> a callable running a composite function
+            through its registered parts, or None.
+    """
+
+    def __init__(
+        self,
+        platform: Any,
+        lookup: Callable[[Any], BoundOp | None],
+        name_of: Callable[[Any], str],
+        run_local: Callable[[Callable, tuple, dict], Any],
+        wrap_outputs: Callable[[Any, Decision], Any],
+        is_dtensor: Callable[[Any], bool],
+        decompose: Callable[[Any], Callable | None] | None = None,
+    ) -> None:
+        self.platform = platform
+        self.lookup = lookup
+        self.name_of = name_of
+        self.run_local = run_local
+        self.wrap_outputs = wrap_outputs
+        self.is_dtensor = is_dtensor
+        self.decompose = decompose
+
+    def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        bound = self.lookup(func)
+        if bound is None:
+            return self._unregistered(func, args, kwargs)
+        key, dts = bound.key(args, kwargs)
+        dec = _CACHE.get(key)
+        if dec is None:
+            dec = self._miss(bound, func, args, kwargs, dts, key)
+        else:
+            _STATS["hits"] += 1
+            _CACHE.move_to_end(key)
+        if dec.needs_redist:
+            args, kwargs = self._redistribute(args, kwargs, dts, dec)
+        if dec.overrides:
+            for name, value in dec.overrides.items():
+                args, kwargs = bound.binder.replace(args, kwargs, name, value)
+        out = self.run_local(dec.impl or func, args, kwargs)
+        if dec.inplace:
+            return args[0] if not dec.needs_redist else dts[0]
+        return self.wrap_outputs(out, dec)
+
+    # ------------------------------------------------------------------ miss path
+    def _miss(
+        self, bound: BoundOp, func: Any, args: tuple, kwargs: dict, dts: list, key: tuple
+    ) -> Decision:
+        _STATS["misses"] += 1
+        call = self._make_call(bound, func, args, kwargs, dts)
+        layout = bound.op.infer_layout(call)
+        dec = Decision(call, layout)
+        _CACHE[key] = dec
+        if len(_CACHE) > config.cache_size:
+            _CACHE.popitem(last=False)
+        return dec
+
+    def _make_call(self, bound: BoundOp, func: Any, args: tuple, kwargs: dict, dts: list) -> OpCall:
+        op = bound.op
+        pname = self.name_of(func)
+        if not dts:
+            raise OpNotRegisteredError(f"{pname}: called with no DTensor input")
+        mesh = dts[0]._spec.mesh
+        for d in dts[1:]:
+            if d._spec.mesh != mesh:
+                raise ShardingError(
+                    f"{pname}: inputs live on different meshes ({mesh} and {d._spec.mesh}); "
+                    f"redistribute them onto one DeviceMesh first"
+                )
+        binder = op.binder
+        names = list(binder.names)
+        roles: list[str] = []
+        scalars: dict[str, Any] = {}
+        ids = {id(d) for d in dts}
+        plain_tensor = self.platform.is_tensor
+
+        def role_of(i: int | str) -> str:
+            if isinstance(i, str):
+                return i
+            if binder.varargs is not None and i >= binder.varargs[1]:
+                return f"{binder.varargs[0]}[{i - binder.varargs[1]}]"
+            return names[i] if i < len(names) else f"arg{i}"
+
+        def visit(name: str, a: Any) -> None:
+            if id(a) in ids and self.is_dtensor(a):
+                roles.append(name)
+            elif type(a) in (list, tuple):
+                for j, x in enumerate(a):
+                    visit(f"{name}[{j}]", x)
+            elif isinstance(a, (int, float, bool, complex)):
+                scalars[name] = a
+            elif plain_tensor(a):
+                if len(self.platform.shape(a)) == 0:
+                    scalars[name] = a
+                else:
+                    raise ShardingError(
+                        f"{pname}: got a plain {type(a).__name__} of shape "
+                        f"{tuple(self.platform.shape(a))} for {name!r} mixed with DTensor inputs "
+                        f"({', '.join(fmt_placements(d._spec) for d in dts)}); convert it with "
+                        f"distribute_tensor(t, mesh, [Replicate()]) or DTensor.from_local first"
+                    )
+
+        for i, a in enumerate(args):
+            visit(role_of(i), a)
+        for k, v in kwargs.items():
+            visit(k, v)
+        static = {n: binder.get(args, kwargs, n) for n in op.static_names}
+        return OpCall(
+            name=op.name,
+            platform_name=pname,
+            specs=[d._spec for d in dts],
+            arg_roles=roles,
+            static=static,
+            scalars=scalars,
+            inplace=bound.inplace,
+            reflected=bound.reflected,
+            args=args,
+            kwargs=kwargs,
+        )
+
+    def _redistribute(
+        self, args: tuple, kwargs: dict, dts: list, dec: Decision
+    ) -> tuple[tuple, dict]:
+        plat = self.platform
+        repl: dict[int, Any] = {}
+        for dt, plan, tgt in zip(dts, dec.plans, dec.targets):
+            if plan is None or tgt is None:
+                continue
+            local = plat.local_of(dt)
+            repl[id(dt)] = redistribute_with_plan(plat, local, dt._spec, plan)
+
+        def sub(a: Any) -> Any:
+            r = repl.get(id(a))
+            if r is not None:
+                return r
+            if type(a) in (list, tuple):
+                return type(a)(sub(x) for x in a)
+            return a
+
+        return tuple(sub(a) for a in args), {k: sub(v) for k, v in kwargs.items()}
+
+    # ------------------------------------------------------------------ unregistered
+    def _unregistered(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if self.decompose is not None:
+            fn = self.decompose(func)
+            if fn is not None:
+                return fn(*args, **kwargs)
+        name = self.name_of(func)
+        dts = _find_dtensors(args, kwargs, self.is_dtensor)
+        if config.fallback == "replicate" and dts:
+            return self._replicate_fallback(func, name, args, kwargs, dts)
+        desc = ", ".join(fmt_placements(d._spec) for d in dts) or "no DTensor"
+        short = name.split(".")[-1].rstrip("_")
+        raise OpNotRegisteredError(
+            f"op {name!r} has no sharding rule registered (inputs: {desc}).\n"
+            f"Add a YAML entry to a file in HYPER_PARALLEL_OPS_YAML_DIR, e.g.\n"
+            f"  {short}:\n    rule: pointwise        # or einsum/reduction/view/..., or class: module:Class\n"
+            f"    {self.platform.name}: [{name}]\n"
+            f"or set hyper_shard.config.fallback = 'replicate' to gather the inputs and run it "
+            f"plainly, or call to_local()/full_tensor() yourself"
+        )
+
+    def _replicate_fallback(
+        self, func: Any, name: str, args: tuple, kwargs: dict, dts: list
+    ) -> Any:
+        if name not in _WARNED:
+            _WARNED.add(name)
+            warnings.warn(
+                f"hyper_shard: {name} has no sharding rule; gathering its inputs and running it "
+                f"replicated (hyper_shard.config.fallback='replicate')",
+                stacklevel=3,
+            )
+        mesh = dts[0]._spec.mesh
+        full = {id(d): d.full_tensor() for d in dts}
+
+        def sub(a: Any) -> Any:
+            if id(a) in full:
+                return full[id(a)]
+            if type(a) in (list, tuple):
+                return type(a)(sub(x) for x in a)
+            return a
+
+        out = self.run_local(
+            func, tuple(sub(a) for a in args), {k: sub(v) for k, v in kwargs.items()}
+        )
+        return self.platform.replicate_outputs(out, mesh)
+
+
+def _find_dtensors(args: tuple, kwargs: dict, is_dt: Callable[[Any], bool]) -> list:
+    out = []
     for a in list(args) + list(kwargs.values()):
-        if isinstance(a, DTensor):
-            parts.append(f"DTensor{list(a._spec.shape)}[{', '.join(str(p) for p in a.placements)}]")
-    return ", ".join(parts) or "no DTensor"
+        if is_dt(a):
+            out.append(a)
+        elif type(a) in (list, tuple):
+            out.extend(x for x in a if is_dt(x))
+    return out
 
 
-def dispatch(func: Any, args: Any, kwargs: dict) -> Any:
-    from ..platform.torch.names import torch_op_name
-
-    name = torch_op_name(func)
-    raise OpNotRegisteredError(
-        f"op {name!r} has no sharding rule registered (inputs: {_describe(args, kwargs)}). "
-        f"Add a YAML entry for it (see docs/), or call to_local()/full_tensor() and run the "
-        f"op on plain tensors"
+def redistribute_with_plan(plat: Any, local: Any, spec: Any, plan: Any) -> Any:
+    """Run a precomputed redistribution plan on a local tensor, differentiably."""
+    if not plat.requires_grad(local):
+        return execute_plan(plat, local, spec, plan)
+    saved: list[Any] = []
+    return plat.custom_autograd(
+        lambda x: execute_plan(plat, x, spec, plan, saved),
+        lambda g: backward_plan(plat, g, spec, plan, saved),
+        local,
     )

@@ -23,6 +23,7 @@ from torch._C import DisableTorchFunctionSubclass
 from ...dtensor import DTensor, local_derivative, redistribute_local
 from ...placement import Partial, Replicate, grad_placement
 from ...spec import DTensorSpec
+from .dispatch import torch_dispatch
 
 __all__ = ["TorchDTensor", "wrap", "make_leaf", "PROTOCOL_HANDLERS"]
 
@@ -37,9 +38,7 @@ class TorchDTensor(DTensor, torch.Tensor):  # type: ignore[misc]
         h = PROTOCOL_HANDLERS.get(func)
         if h is not None:
             return h(args, kwargs or {})
-        from ...dispatch.dispatcher import dispatch
-
-        return dispatch(func, args, kwargs or {})
+        return torch_dispatch(func, args, kwargs or {})
 
 
 def wrap(local: torch.Tensor, spec: DTensorSpec) -> TorchDTensor:

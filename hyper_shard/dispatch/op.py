@@ -1,0 +1,441 @@
+"""DistributedOp: the Python class behind every registry entry, and what a decision holds.
+
+The three phases of a call each use one part of an op:
+
+1. **preprocess** — :meth:`BoundOp.key` scans the call's arguments once: the DTensor
+   inputs (in order, lists included), and the cache key made of the op's id, each input
+   spec (hash computed once per spec), the values of the *declared* static args only, and a
+   type tag for every other argument.
+2. **infer_layout** — on a cache miss only: :meth:`DistributedOp.infer_layout` returns a
+   :class:`Layout` (target input placements, output placements and shapes, and optionally
+   an expanded local implementation or rank-local argument overrides). The simplest rule
+   implements :meth:`DistributedOp.single_dim_strategies` and gets the N-D expansion and the
+   cheapest input redistribution from :mod:`hyper_shard.dispatch.search`.
+3. **execute & wrap** — the cached :class:`Decision` redistributes the inputs that need it,
+   the platform runs the local op (or the expanded one) and :meth:`Decision.wrap` wraps the
+   result; an in-place op returns its ``self`` DTensor.
+
+No framework import here: platforms supply tensor checks and wrapping.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import ShardingError
+from ..placement import Partial, Placement
+from ..redistribute.planner import Plan, cost_model_for, plan_redistribute
+from ..spec import DTensorSpec, TensorMeta, contiguous_stride
+from .search import SingleDimStrategy, search_strategy
+
+__all__ = [
+    "DistributedOp",
+    "BoundOp",
+    "OpCall",
+    "Layout",
+    "Decision",
+    "Binder",
+    "NoParams",
+    "fmt_placements",
+]
+
+_ids = itertools.count(1)
+
+
+def fmt_placements(spec: DTensorSpec) -> str:
+    return f"DTensor{list(spec.shape)}[{', '.join(str(p) for p in spec.placements)}]"
+
+
+class NoParams(BaseModel):
+    """Parameters of a rule that takes none from YAML."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------------- binding
+class Binder:
+    """Maps an op's canonical argument names to where a call passes them.
+
+    ``names`` lists positional parameters in order (``input`` is position 0); a name starting
+    with ``*`` collects the remaining positionals (``view(self, *size)``). Keyword arguments
+    are matched by name.
+    """
+
+    __slots__ = ("names", "pos", "varargs")
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = tuple(names)
+        self.pos: dict[str, int] = {}
+        self.varargs: tuple[str, int] | None = None
+        for i, n in enumerate(self.names):
+            if n.startswith("*"):
+                self.varargs = (n[1:], i)
+                break
+            self.pos[n] = i
+
+    def get(
+        self, args: Sequence[Any], kwargs: dict[str, Any], name: str, default: Any = None
+    ) -> Any:
+        if name in kwargs:
+            return kwargs[name]
+        i = self.pos.get(name)
+        if i is not None:
+            return args[i] if i < len(args) else default
+        if self.varargs is not None and self.varargs[0] == name:
+            rest = tuple(args[self.varargs[1] :])
+            if len(rest) == 1 and isinstance(rest[0], (list, tuple)):
+                return tuple(rest[0])
+            return rest if rest else default
+        return default
+
+    def replace(
+        self, args: Sequence[Any], kwargs: dict[str, Any], name: str, value: Any
+    ) -> tuple[tuple, dict]:
+        if name in kwargs:
+            kw = dict(kwargs)
+            kw[name] = value
+            return tuple(args), kw
+        i = self.pos.get(name)
+        if i is not None and i < len(args):
+            a = list(args)
+            a[i] = value
+            return tuple(a), kwargs
+        if self.varargs is not None and self.varargs[0] == name:
+            return (*args[: self.varargs[1]], tuple(value)), kwargs
+        kw = dict(kwargs)
+        kw[name] = value
+        return tuple(args), kw
+
+
+# ---------------------------------------------------------------------- call info
+@dataclass
+class OpCall:
+    """What a rule sees on a cache miss.
+
+    Attributes:
+        name: the op's registry name (``add``, ``mm``...); ``platform_name`` the function
+            called (``torch.add``, ``Tensor.add_``, ``AddExt``...).
+        specs: the DTensor inputs' specs, in argument order.
+        arg_roles: for every DTensor input, the canonical argument name (``input``,
+            ``other``, ``weight``...) or ``name[i]`` for the i-th tensor of a list argument.
+        static: the declared static arguments' values by canonical name.
+        scalars: canonical names of python-scalar (or 0-d plain tensor) arguments.
+        inplace: the call writes into its first argument.
+        reflected: a reflected operator (``__radd__``): the DTensor is the right operand.
+        args/kwargs: the raw call (read-only: for rules that need more than static args).
+    """
+
+    name: str
+    platform_name: str
+    specs: list[DTensorSpec]
+    arg_roles: list[str]
+    static: dict[str, Any]
+    scalars: dict[str, Any]
+    inplace: bool
+    reflected: bool
+    args: tuple
+    kwargs: dict
+
+    @property
+    def mesh(self) -> Any:
+        return self.specs[0].mesh
+
+    def describe(self) -> str:
+        ins = ", ".join(f"{r}={fmt_placements(s)}" for r, s in zip(self.arg_roles, self.specs))
+        return f"{self.platform_name}({ins})"
+
+
+@dataclass
+class Layout:
+    """A rule's decision for one call signature.
+
+    Attributes:
+        inputs: target placements of every DTensor input (None: keep as is).
+        outputs: placements of every output tensor (None for a non-tensor output).
+        shapes: global shapes of the outputs (None where unknown/non-tensor).
+        impl: a local implementation replacing the platform function, called with the
+            (redistributed) local args; or None.
+        overrides: canonical arg name -> rank-local value to pass instead (e.g. a view's
+            local shape, a scalar zeroed on non-zero coordinates).
+        cost: modelled redistribution cost (seconds).
+    """
+
+    inputs: Sequence[tuple[Placement, ...] | None]
+    outputs: Sequence[tuple[Placement, ...] | None]
+    shapes: Sequence[tuple[int, ...] | None]
+    impl: Callable | None = None
+    overrides: dict[str, Any] | None = None
+    cost: float = 0.0
+    out_dtypes: Sequence[Any] | None = None
+
+
+# ---------------------------------------------------------------------- the op
+class DistributedOp:
+    """Base class of every op's sharding rule (declarative families and custom classes).
+
+    Subclass and implement either :meth:`single_dim_strategies` + :meth:`output_shapes`
+    (the short path) or :meth:`infer_layout` (full control). YAML parameters are validated
+    by the class's ``Params`` pydantic model and available as ``self.params``.
+
+    Args:
+        name: the registry entry's name.
+        params: the entry's rule parameters (a dict or a ``Params`` instance).
+    """
+
+    #: pydantic model of the YAML parameters this rule accepts
+    Params: ClassVar[type[BaseModel]] = NoParams
+    #: canonical positional argument names (position 0 is the first tensor)
+    signature: ClassVar[tuple[str, ...]] = ("input", "*args")
+    #: canonical names whose values enter the cache key and reach the rule
+    static_args: ClassVar[tuple[str, ...]] = ()
+    #: number of output tensors (single_dim_strategies give this many output placements)
+    n_outputs: ClassVar[int] = 1
+
+    def __init__(self, name: str, params: BaseModel | dict[str, Any] | None = None) -> None:
+        self.name = name
+        if params is None:
+            params = {}
+        self.params: Any = params if isinstance(params, BaseModel) else self.Params(**params)
+        sig = getattr(self.params, "signature", None)
+        self.binder = Binder(sig or self.signature)
+        st = getattr(self.params, "static_args", None)
+        self.static_names: tuple[str, ...] = (
+            tuple(st) if st is not None else tuple(self.static_args)
+        )
+
+    # -- phase 2 ----------------------------------------------------------------
+    def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
+        """Strategies for ONE mesh dim: ``(output placements, input placements)`` pairs,
+        one placement per output and per DTensor input. All-Replicate need not be listed."""
+        raise NotImplementedError(
+            f"{type(self).__name__} implements neither single_dim_strategies nor infer_layout"
+        )
+
+    def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
+        """Global shapes of the outputs (default: the first input's shape)."""
+        return [call.specs[0].shape] * self.n_outputs
+
+    def accept(self, call: OpCall, inputs: tuple, outputs: tuple) -> bool:
+        """Refuse an N-D combination the single-dim view cannot see (default: accept)."""
+        return True
+
+    def expand_impl(self, call: OpCall, layout: Layout) -> Layout:
+        """Add a local implementation or rank-local overrides to a decided layout."""
+        return layout
+
+    def infer_layout(self, call: OpCall) -> Layout:
+        """Decide input targets and outputs (default: search over single-dim strategies)."""
+        strategies = self.single_dim_strategies(call)
+        cm = cost_model_for(call.mesh)
+        fixed = (0,) if call.inplace else ()
+        accept = None
+        if type(self).accept is not DistributedOp.accept:
+
+            def accept(ins: tuple, outs: tuple) -> bool:
+                return self.accept(call, ins, outs)
+
+        try:
+            res = search_strategy(
+                call.specs, strategies, self.n_outputs, cm, fixed=fixed, accept=accept
+            )
+        except ValueError:
+            raise ShardingError(
+                f"{call.describe()}: no sharding strategy keeps the in-place target's placements; "
+                f"redistribute it first, or use the out-of-place op"
+            ) from None
+        layout = Layout(
+            list(res.inputs), list(res.outputs), self.output_shapes(call), cost=res.cost
+        )
+        return self.expand_impl(call, layout)
+
+
+# ---------------------------------------------------------------------- decisions
+class Decision:
+    """A cached decision: how to redistribute the inputs, what to run, how to wrap.
+
+    Output specs are made per output dtype on first use (the dtype comes from the local
+    result) and reused.
+    """
+
+    __slots__ = (
+        "plans",
+        "targets",
+        "needs_redist",
+        "outputs",
+        "shapes",
+        "impl",
+        "overrides",
+        "inplace",
+        "_specs",
+        "mesh",
+        "cost",
+        "layout",
+    )
+
+    def __init__(self, call: OpCall, layout: Layout) -> None:
+        self.mesh = call.mesh
+        self.layout = layout
+        self.cost = layout.cost
+        self.plans: list[Plan | None] = []
+        self.targets: list[DTensorSpec | None] = []
+        for spec, tgt in zip(call.specs, layout.inputs):
+            if tgt is None or tuple(tgt) == spec.placements:
+                self.plans.append(None)
+                self.targets.append(None)
+            else:
+                dst = spec.with_placements(tgt)
+                self.plans.append(plan_redistribute(spec, dst.placements))
+                self.targets.append(dst)
+        self.needs_redist = any(t is not None for t in self.targets)
+        self.outputs = [None if o is None else tuple(o) for o in layout.outputs]
+        self.shapes = list(layout.shapes)
+        self.impl = layout.impl
+        self.overrides = layout.overrides
+        self.inplace = call.inplace
+        self._specs: dict[tuple[int, Any], DTensorSpec] = {}
+        if call.inplace and self.outputs and self.outputs[0] is not None:
+            if self.outputs[0] != call.specs[0].placements or (
+                self.shapes[0] is not None and tuple(self.shapes[0]) != call.specs[0].shape
+            ):
+                raise ShardingError(
+                    f"{call.describe()}: the in-place result would be {list(self.outputs[0])} with "
+                    f"shape {self.shapes[0]}, not the target's {fmt_placements(call.specs[0])}; use "
+                    f"the out-of-place op"
+                )
+
+    def out_spec(self, i: int, dtype: Any, itemsize: int) -> DTensorSpec:
+        key = (i, dtype)
+        spec = self._specs.get(key)
+        if spec is None:
+            shape = self.shapes[i]
+            pl = self.outputs[i]
+            assert shape is not None and pl is not None
+            spec = DTensorSpec(
+                self.mesh, pl, TensorMeta(tuple(shape), contiguous_stride(shape), dtype, itemsize)
+            )
+            self._specs[key] = spec
+        return spec
+
+
+# ---------------------------------------------------------------------- registry binding
+_SCALAR_TYPES = (int, float, bool, complex)
+
+
+class BoundOp:
+    """One op bound to one platform function name (``torch.add``, ``Tensor.add_``...).
+
+    Holds what the hot path needs: the op, an interned id, the in-place/reflected flags and
+    which argument positions/names are static.
+    """
+
+    __slots__ = (
+        "op",
+        "name",
+        "id",
+        "inplace",
+        "reflected",
+        "static_pos",
+        "static_kw",
+        "binder",
+        "is_dtensor",
+        "tensor_type",
+    )
+
+    def __init__(
+        self,
+        op: DistributedOp,
+        name: str,
+        *,
+        inplace: bool,
+        reflected: bool,
+        is_dtensor: Callable[[Any], bool],
+        tensor_type: type,
+    ) -> None:
+        self.op = op
+        self.name = name
+        self.id = next(_ids)
+        self.inplace = inplace
+        self.reflected = reflected
+        self.binder = op.binder
+        self.static_kw = frozenset(op.static_names)
+        self.static_pos = frozenset(op.binder.pos[n] for n in op.static_names if n in op.binder.pos)
+        if op.binder.varargs is not None and op.binder.varargs[0] in op.static_names:
+            self.static_pos = self.static_pos | frozenset(range(op.binder.varargs[1], 64))
+        self.is_dtensor = is_dtensor
+        self.tensor_type = tensor_type
+
+    def key(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple, list]:
+        """The cache key and the DTensor inputs (argument order, lists flattened)."""
+        parts: list[Any] = [self.id]
+        dts: list[Any] = []
+        is_dt = self.is_dtensor
+        for i, a in enumerate(args):
+            if is_dt(a):
+                parts.append(a._spec)
+                dts.append(a)
+            elif type(a) is list or type(a) is tuple:
+                parts.append(self._seq_key(a, dts, i in self.static_pos))
+            elif i in self.static_pos:
+                parts.append(_hashable(a))
+            else:
+                parts.append(self._tag(a))
+        if kwargs:
+            for k, v in kwargs.items():
+                if is_dt(v):
+                    parts.append((k, v._spec))
+                    dts.append(v)
+                elif type(v) is list or type(v) is tuple:
+                    parts.append((k, self._seq_key(v, dts, k in self.static_kw)))
+                elif k in self.static_kw:
+                    parts.append((k, _hashable(v)))
+                else:
+                    parts.append((k, self._tag(v)))
+        return tuple(parts), dts
+
+    def _seq_key(self, seq: Sequence[Any], dts: list, static: bool) -> Any:
+        out = []
+        for a in seq:
+            if self.is_dtensor(a):
+                out.append(a._spec)
+                dts.append(a)
+            elif static:
+                out.append(_hashable(a))
+            else:
+                out.append(self._tag(a))
+        return tuple(out)
+
+    def _tag(self, a: Any) -> Any:
+        t = type(a)
+        if t in _SCALAR_TYPES or a is None:
+            return t
+        if isinstance(a, self.tensor_type):
+            t_: Any = a
+            return ("T", tuple(t_.shape), t_.dtype)  # a plain tensor: refused unless 0-d
+        try:
+            hash(a)  # str, dtype, device, enum...: cheap and exact
+        except TypeError:
+            return t
+        return a
+
+
+def _hashable(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(_hashable(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
+    try:
+        hash(v)
+    except TypeError:
+        return repr(v)
+    return v
+
+
+# ---------------------------------------------------------------------- helpers for rules
+def is_linear_partial(p: Placement) -> bool:
+    """Partial(sum) or Partial(avg): values a linear op may keep partial."""
+    return type(p) is Partial and p.reduce_op in ("sum", "avg")

@@ -1,0 +1,179 @@
+"""Binding the registry to torch functions, and the torch dispatcher.
+
+Every ``torch:`` name of every entry (``torch.add``, ``Tensor.add_``,
+``torch.nn.functional.linear``, ``Tensor.__radd__``...) is resolved to the function object
+``__torch_function__`` receives; names ending in ``_`` (and ``__iadd__``-style operators)
+are in-place, ``__radd__``-style ones reflected.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+from torch._C import DisableTorchFunctionSubclass
+
+from ...dispatch.dispatcher import Dispatcher
+from ...dispatch.op import BoundOp, Decision
+from ...errors import OpSpecError
+from ...placement import Replicate
+from ...registry.registry import Registry, get_registry
+from .names import resolve_torch_op, torch_op_name
+
+__all__ = ["torch_dispatch", "build_torch_table"]
+
+_INPLACE_DUNDERS = {
+    "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
+    "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__",
+}  # fmt: skip
+
+
+def _flags(name: str) -> tuple[bool, bool]:
+    last = name.split(".")[-1]
+    if last.startswith("__") and last.endswith("__"):
+        return last in _INPLACE_DUNDERS, last.startswith("__r") and last not in (
+            "__repr__",
+            "__reduce__",
+            "__reduce_ex__",
+        )
+    return last.endswith("_") and not last.startswith("_"), False
+
+
+def _is_dtensor(x: Any) -> bool:
+    from .dtensor import TorchDTensor
+
+    return isinstance(x, TorchDTensor)
+
+
+def build_torch_table(reg: Registry) -> dict[Any, BoundOp]:
+    """torch function -> BoundOp for every ``torch:`` name in the registry.
+
+    Raises:
+        OpSpecError: a name that is not a torch function (names file, entry, field).
+    """
+    from .dtensor import TorchDTensor
+
+    def is_dt(x: Any) -> bool:
+        return isinstance(x, TorchDTensor)
+
+    table: dict[Any, BoundOp] = {}
+    for e in reg.entries.values():
+        for n in e.torch:
+            try:
+                fn = resolve_torch_op(n)
+            except LookupError as err:
+                raise OpSpecError(f"{e.file}: entry {e.name!r}, field 'torch': {err}") from None
+            inplace, reflected = _flags(n)
+            table[fn] = BoundOp(
+                e.op,
+                n,
+                inplace=inplace,
+                reflected=reflected,
+                is_dtensor=is_dt,
+                tensor_type=torch.Tensor,
+            )
+    return table
+
+
+_TABLE: dict[Any, BoundOp] | None = None
+_TABLE_OF: Registry | None = None
+
+
+def _lookup(func: Any) -> BoundOp | None:
+    global _TABLE, _TABLE_OF
+    reg = get_registry()
+    if _TABLE is None or _TABLE_OF is not reg:
+        _TABLE = reg.binding("torch", build_torch_table)
+        _TABLE_OF = reg
+    return _TABLE.get(func)
+
+
+def _run_local(fn: Any, args: tuple, kwargs: dict) -> Any:
+    with DisableTorchFunctionSubclass():
+        return fn(*args, **kwargs)
+
+
+def _wrap_outputs(out: Any, dec: Decision) -> Any:
+    from .dtensor import wrap
+
+    if isinstance(out, torch.Tensor):
+        return wrap(out, dec.out_spec(0, out.dtype, out.element_size()))
+    if isinstance(out, (tuple, list)):
+        items = []
+        i = 0
+        for x in out:
+            if isinstance(x, torch.Tensor):
+                items.append(wrap(x, dec.out_spec(i, x.dtype, x.element_size())))
+                i += 1
+            else:
+                items.append(x)
+        return type(out)(items)
+    return out
+
+
+_DECOMPOSED: dict[Any, Any] = {}
+_NO_TF = {
+    "has_torch_function": lambda *a, **k: False,
+    "has_torch_function_unary": lambda *a, **k: False,
+    "has_torch_function_variadic": lambda *a, **k: False,
+}
+
+
+def _decompose(func: Any) -> Any:
+    """A copy of a Python-level torch function whose own torch-function check is off, so
+    its body runs on DTensors and dispatches each inner op; None for builtins."""
+    fn = _DECOMPOSED.get(func)
+    if fn is not None or func in _DECOMPOSED:
+        return fn
+    out = None
+    if isinstance(func, types.FunctionType) and (func.__module__ or "").startswith("torch"):
+        g = dict(func.__globals__)
+        if any(k in g for k in _NO_TF):
+            g.update({k: v for k, v in _NO_TF.items() if k in g})
+            out = types.FunctionType(
+                func.__code__, g, func.__name__, func.__defaults__, func.__closure__
+            )
+            out.__kwdefaults__ = func.__kwdefaults__
+    _DECOMPOSED[func] = out
+    return out
+
+
+class _TorchDispatcher(Dispatcher):
+    pass
+
+
+def _replicate_outputs(out: Any, mesh: Any) -> Any:
+    from ...dtensor import DTensor
+
+    def one(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and not isinstance(t, DTensor):
+            return DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim)
+        return t
+
+    if isinstance(out, (tuple, list)):
+        return type(out)([one(x) for x in out])
+    return one(out)
+
+
+def _make() -> Dispatcher:
+    from ..select import get_platform
+    from . import TorchPlatform
+
+    plat = get_platform("torch")
+    assert isinstance(plat, TorchPlatform)
+    plat.replicate_outputs = _replicate_outputs  # type: ignore[attr-defined]
+    return _TorchDispatcher(
+        plat, _lookup, torch_op_name, _run_local, _wrap_outputs, _is_dtensor, _decompose
+    )
+
+
+_DISPATCHER: Dispatcher | None = None
+
+
+def torch_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Dispatch one torch function call on DTensors."""
+    global _DISPATCHER
+    if _DISPATCHER is None:
+        _DISPATCHER = _make()
+    return _DISPATCHER(func, args, kwargs)

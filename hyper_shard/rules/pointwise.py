@@ -1,0 +1,104 @@
+"""Pointwise ops (elementwise, with broadcasting and python scalars).
+
+Per mesh dim, the output may be sharded on any dim ``d`` where every DTensor input whose
+aligned dim has the output's size is sharded on that dim (broadcast inputs stay
+Replicate). Partial values follow the op's linearity (``partial:``):
+
+* ``none`` (default): no Partial input; a Partial value is reduced first.
+* ``linear`` (add, sub, neg...): all inputs ``Partial(op)`` -> ``Partial(op)`` for sum/avg.
+  A python scalar *term* (``x + 2``) would be added once per rank: with a ``Partial(sum)``
+  output it is kept on coordinate 0 of each partial mesh dim and zeroed elsewhere, so it is
+  counted once. A Replicate tensor term is partitioned the same way by the search.
+* ``bilinear`` (mul): exactly one ``Partial(op)`` input, the others Replicate or scalars.
+* ``first`` (div): only the first operand (the numerator) may be ``Partial(op)``.
+* ``max_preserving`` (monotone non-decreasing ops: relu, clamp-free max): ``Partial(max)``
+  -> ``Partial(max)`` and ``Partial(min)`` -> ``Partial(min)`` for one-input ops.
+
+Semantics follow PyTorch's elementwise ops and broadcasting.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from ..dispatch.op import DistributedOp, Layout, OpCall
+from ..dispatch.search import SingleDimStrategy
+from ..placement import Partial, Placement, Shard
+from ..registry.models import RuleParams
+from . import register_rule
+from ._util import LINEAR_OPS, R, broadcast_shapes
+
+__all__ = ["PointwiseOp", "PointwiseParams"]
+
+_PSUM = Partial("sum")
+
+
+class PointwiseParams(RuleParams):
+    partial: Literal["none", "linear", "bilinear", "first", "max_preserving"] = "none"
+    #: canonical names whose python-scalar values are additive terms (zeroed off coordinate 0)
+    scalar_terms: list[str] = ["input", "other"]
+
+
+@register_rule("pointwise")
+class PointwiseOp(DistributedOp):
+    """Elementwise op with broadcasting; see the module docstring for Partial handling."""
+
+    Params = PointwiseParams
+    signature = ("input", "other", "*args")
+
+    def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
+        return [broadcast_shapes(*(s.shape for s in call.specs))]
+
+    def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
+        specs = call.specs
+        out_shape = self.output_shapes(call)[0]
+        assert out_shape is not None
+        n = len(out_shape)
+        strategies: list[SingleDimStrategy] = []
+        for d in range(n):
+            ins: list[Placement] = []
+            for s in specs:
+                k = d - (n - s.ndim)
+                if k < 0 or (s.shape[k] == 1 and out_shape[d] != 1):
+                    ins.append(R)
+                else:
+                    ins.append(Shard(k))
+            strategies.append(((Shard(d),), tuple(ins)))
+        mode = self.params.partial
+        nin = len(specs)
+        if mode == "linear":
+            for op in LINEAR_OPS:
+                strategies.append(((Partial(op),), (Partial(op),) * nin))
+        elif mode == "bilinear":
+            for op in LINEAR_OPS:
+                for j in range(nin):
+                    strategies.append(
+                        ((Partial(op),), tuple(Partial(op) if i == j else R for i in range(nin)))
+                    )
+        elif mode == "first":
+            if call.arg_roles and call.arg_roles[0] == "input" and not call.reflected:
+                for op in LINEAR_OPS:
+                    strategies.append(((Partial(op),), (Partial(op),) + (R,) * (nin - 1)))
+        elif mode == "max_preserving" and nin == 1:
+            for op in ("max", "min"):
+                strategies.append(((Partial(op),), (Partial(op),)))
+        return strategies
+
+    def expand_impl(self, call: OpCall, layout: Layout) -> Layout:
+        if self.params.partial != "linear" or not call.scalars:
+            return layout
+        out = layout.outputs[0]
+        if out is None:
+            return layout
+        coord = call.mesh.get_coordinate()
+        if coord is None:
+            return layout
+        counted_once = all(c == 0 for m, c in enumerate(coord) if out[m] == _PSUM)
+        if counted_once:
+            return layout
+        terms = set(self.params.scalar_terms)
+        overrides = {name: 0 * v for name, v in call.scalars.items() if name in terms}
+        layout.overrides = (
+            {**(layout.overrides or {}), **overrides} if overrides else layout.overrides
+        )
+        return layout
