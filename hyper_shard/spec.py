@@ -109,7 +109,16 @@ class DTensorSpec:
         ValueError / IndexError / TypeError: placements that do not fit the mesh or tensor.
     """
 
-    __slots__ = ("mesh", "placements", "tensor_meta", "key", "_hash", "_local_shape", "_offset")
+    __slots__ = (
+        "mesh",
+        "placements",
+        "tensor_meta",
+        "key",
+        "_hash",
+        "_local_shape",
+        "_offset",
+        "_plans",
+    )
 
     def __init__(
         self, mesh: DeviceMesh, placements: Sequence[Placement], tensor_meta: TensorMeta
@@ -123,6 +132,7 @@ class DTensorSpec:
         self._hash = hash(self.key)
         self._local_shape: tuple[int, ...] | None = None
         self._offset: tuple[int, ...] | None = None
+        self._plans: dict | None = None  # redistribution plans from this spec (planner cache)
 
     # ------------------------------------------------------------------ basics
     @property

@@ -25,11 +25,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from ..errors import ShardingError
 from ..placement import Partial, Placement
 from ..redistribute.planner import Plan, cost_model_for, plan_redistribute
+from ..registry.models import RuleParams
 from ..spec import DTensorSpec, TensorMeta, contiguous_stride
 from .search import SingleDimStrategy, search_strategy
 
@@ -51,10 +52,9 @@ def fmt_placements(spec: DTensorSpec) -> str:
     return f"DTensor{list(spec.shape)}[{', '.join(str(p) for p in spec.placements)}]"
 
 
-class NoParams(BaseModel):
-    """Parameters of a rule that takes none from YAML."""
-
-    model_config = ConfigDict(extra="forbid")
+class NoParams(RuleParams):
+    """Parameters of a rule that takes none from YAML beyond the shared ``signature`` and
+    ``static_args``."""
 
 
 # ---------------------------------------------------------------------- binding

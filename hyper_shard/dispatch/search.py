@@ -17,7 +17,6 @@ Pure: no framework import, no process group.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -25,7 +24,8 @@ from dataclasses import dataclass
 
 from ..placement import Partial, Placement, Replicate
 from ..redistribute.cost import CostModel
-from ..redistribute.planner import plan_redistribute, state_bytes, transitions
+from ..redistribute.graph import graph_for
+from ..redistribute.planner import plan_redistribute
 from ..spec import DTensorSpec
 
 __all__ = ["SingleDimStrategy", "SearchResult", "search_strategy", "full_expansion"]
@@ -98,9 +98,14 @@ def search_strategy(
     *,
     fixed: Sequence[int] = (),
     accept: Callable[[tuple, tuple], bool] | None = None,
-    max_pops: int = 20000,
 ) -> SearchResult:
     """The cheapest N-D strategy reachable from the inputs' current placements.
+
+    Each input's cost to reach a state is its own shortest path in its placement graph
+    (Dijkstra from its current placements, over the planner's steps and costs). The total
+    cost of an N-D strategy is the sum over inputs, so the search is a branch and bound
+    over mesh dims: a partial choice is dropped as soon as the cheapest completion of every
+    input already costs more than the best strategy found.
 
     Args:
         specs: the DTensor inputs' specs (same mesh).
@@ -110,7 +115,6 @@ def search_strategy(
         fixed: inputs that may not move (the ``self`` of an in-place op).
         accept: optional extra check ``accept(input placements, output placements)`` for
             N-D combinations a rule must refuse (e.g. uneven nested shards of a view).
-        max_pops: beyond this many expanded states, fall back to :func:`full_expansion`.
 
     Raises:
         ValueError: no strategy is reachable (only with ``fixed`` inputs or ``accept``).
@@ -118,54 +122,82 @@ def search_strategy(
     n_in = len(specs)
     mesh = specs[0].mesh
     mnd = mesh.ndim
-    mshape = mesh.shape
     table = _index(strategies, n_out, n_in)
     start = tuple(s.placements for s in specs)
     outs = _outputs_for(start, table, mnd, n_out)
     if outs is not None and (accept is None or accept(start, outs)):
         return SearchResult(start, outs, 0.0)
-    ops = [_partial_ops_for(i, specs, strategies) for i in range(n_in)]
-    movable = [i for i in range(n_in) if i not in set(fixed)]
-    shapes = [s.shape for s in specs]
-    sizes = [s.tensor_meta.itemsize for s in specs]
-    nbytes: dict[tuple[int, tuple[Placement, ...]], int] = {}
+    graphs = [
+        graph_for(
+            s.shape,
+            mesh.shape,
+            s.tensor_meta.itemsize,
+            tuple(sorted(_partial_ops_for(i, specs, strategies))),
+            cost_model,
+        )
+        for i, s in enumerate(specs)
+    ]
+    choices = [
+        (tuple(graphs[i]._code[p] for i, p in enumerate(ins)), o) for ins, o in table.items()
+    ]
+    fixed_set = set(fixed)
+    dists: list[dict[tuple[int, ...], float]] = []
+    for i, (g, s) in enumerate(zip(graphs, specs)):
+        src = g.encode(s.placements)
+        dists.append({src: 0.0} if i in fixed_set else g.distances(src))
+    # lower bounds: per input and prefix length, the cheapest state with that prefix
+    bounds: list[list[dict[tuple[int, ...], float]]] = []
+    for d in dists:
+        per: list[dict[tuple[int, ...], float]] = [{} for _ in range(mnd + 1)]
+        for st, c in d.items():
+            for j in range(mnd + 1):
+                pre = st[:j]
+                if c < per[j].get(pre, math.inf):
+                    per[j][pre] = c
+        bounds.append(per)
+    best_cost = math.inf
+    best: tuple | None = None
+    prefix: list[tuple[tuple[int, ...], tuple[Placement, ...]]] = []
 
-    def b(i: int, st: tuple[Placement, ...]) -> int:
-        k = (i, st)
-        v = nbytes.get(k)
-        if v is None:
-            v = nbytes[k] = state_bytes(shapes[i], mshape, st, sizes[i])
-        return v
+    def lb(pres: list[tuple[int, ...]], j: int) -> float:
+        total = 0.0
+        for i in range(n_in):
+            v = bounds[i][j].get(pres[i])
+            if v is None:
+                return math.inf
+            total += v
+        return total
 
-    counter = itertools.count()
-    heap: list = [(0.0, next(counter), start)]
-    dist = {start: 0.0}
-    done: set = set()
-    pops = 0
-    while heap:
-        c, _, state = heapq.heappop(heap)
-        if state in done:
-            continue
-        outs = _outputs_for(state, table, mnd, n_out)
-        if outs is not None and (accept is None or accept(state, outs)):
-            return SearchResult(state, outs, c)
-        done.add(state)
-        pops += 1
-        if pops > max_pops:
-            return full_expansion(specs, strategies, n_out, cost_model, fixed=fixed, accept=accept)
-        for i in movable:
-            si = state[i]
-            bi = b(i, si)
-            for m, q, kind in transitions(si, len(shapes[i]), ops[i]):
-                ti = si[:m] + (q,) + si[m + 1 :]
-                nxt = state[:i] + (ti,) + state[i + 1 :]
-                if nxt in done:
-                    continue
-                nc = c + cost_model.step_cost(kind, m, mshape[m], bi, b(i, ti))
-                if nc < dist.get(nxt, math.inf):
-                    dist[nxt] = nc
-                    heapq.heappush(heap, (nc, next(counter), nxt))
-    raise ValueError("no sharding strategy is reachable from the inputs' placements")
+    def dfs(j: int, pres: list[tuple[int, ...]]) -> None:
+        nonlocal best_cost, best
+        if j == mnd:
+            cost = 0.0
+            for i in range(n_in):
+                cost += dists[i][pres[i]]
+            if cost < best_cost:
+                outs = tuple(tuple(prefix[m][1][k] for m in range(mnd)) for k in range(n_out))
+                ins = tuple(graphs[i].decode(pres[i]) for i in range(n_in))
+                if accept is None or accept(ins, outs):
+                    best_cost, best = cost, (ins, outs)
+            return
+        scored: list[tuple[float, int, list, tuple, tuple]] = []
+        for codes, o in choices:
+            nxt = [pres[i] + (codes[i],) for i in range(n_in)]
+            b = lb(nxt, j + 1)
+            if b < best_cost:
+                scored.append((b, len(scored), nxt, codes, o))
+        scored.sort(key=lambda x: (x[0], x[1]))
+        for b, _, nxt, codes, o in scored:
+            if b >= best_cost:
+                break
+            prefix.append((codes, o))
+            dfs(j + 1, nxt)
+            prefix.pop()
+
+    dfs(0, [()] * n_in)
+    if best is None:
+        raise ValueError("no sharding strategy is reachable from the inputs' placements")
+    return SearchResult(best[0], best[1], best_cost)
 
 
 def full_expansion(

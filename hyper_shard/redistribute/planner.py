@@ -27,8 +27,6 @@ values, cached per (source spec, target placements, cost model). No framework im
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -37,6 +35,7 @@ from dataclasses import dataclass
 from ..placement import Partial, Placement, Replicate, Shard, normalize_placements
 from ..spec import DTensorSpec
 from .cost import DEFAULT_COST_MODEL, CostModel
+from .graph import clear_graphs, graph_for
 
 __all__ = [
     "Step",
@@ -144,43 +143,16 @@ def _dijkstra(
     cost_model: CostModel,
     allow_sum: bool = True,
 ) -> Plan:
-    ndim = len(shape)
-    pops = _partial_ops(src, dst, allow_sum=allow_sum)
-    nbytes: dict[tuple[Placement, ...], int] = {}
-
-    def b(s: tuple[Placement, ...]) -> int:
-        v = nbytes.get(s)
-        if v is None:
-            v = nbytes[s] = state_bytes(shape, mesh_shape, s, itemsize)
-        return v
-
-    dist = {src: 0.0}
-    prev: dict[tuple[Placement, ...], tuple[tuple[Placement, ...], Step]] = {}
-    counter = itertools.count()
-    heap = [(0.0, next(counter), src)]
-    done = set()
-    while heap:
-        c, _, s = heapq.heappop(heap)
-        if s in done:
-            continue
-        if s == dst:
-            steps = []
-            while s != src:
-                s, st = prev[s]
-                steps.append(st)
-            return Plan(tuple(reversed(steps)), c)
-        done.add(s)
-        bs = b(s)
-        for m, q, kind in transitions(s, ndim, pops):
-            t = s[:m] + (q,) + s[m + 1 :]
-            if t in done:
-                continue
-            nc = c + cost_model.step_cost(kind, m, mesh_shape[m], bs, b(t))
-            if nc < dist.get(t, math.inf):
-                dist[t] = nc
-                prev[t] = (s, Step(m, s[m], q, kind))
-                heapq.heappush(heap, (nc, next(counter), t))
-    raise RuntimeError(f"no redistribution plan from {list(src)} to {list(dst)}")  # unreachable
+    g = graph_for(
+        shape,
+        mesh_shape,
+        itemsize,
+        tuple(sorted(_partial_ops(src, dst, allow_sum=allow_sum))),
+        cost_model,
+    )
+    cost, steps = g.shortest(g.encode(src), g.encode(dst))
+    pl = g.placements
+    return Plan(tuple(Step(m, pl[a], pl[b], kind) for m, a, b, kind in steps), cost)
 
 
 _PLAN_CACHE: OrderedDict[tuple, Plan] = OrderedDict()
@@ -206,6 +178,15 @@ def plan_redistribute(
     Raises:
         ValueError / IndexError: target placements that do not fit the mesh or tensor.
     """
+    local_cache = src._plans
+    raw = (dst_placements if type(dst_placements) is tuple else tuple(dst_placements), cost_model)
+    if local_cache is not None:
+        plan = local_cache.get(raw)
+        if plan is not None:
+            _stats["hits"] += 1
+            return plan
+    else:
+        local_cache = src._plans = {}
     dst = normalize_placements(dst_placements, src.mesh.ndim, src.ndim)
     if cost_model is None:
         cost_model = cost_model_for(src.mesh)
@@ -214,6 +195,7 @@ def plan_redistribute(
     if plan is not None:
         _stats["hits"] += 1
         _PLAN_CACHE.move_to_end(key)
+        local_cache[raw] = plan
         return plan
     _stats["misses"] += 1
     if src.placements == dst:
@@ -229,6 +211,7 @@ def plan_redistribute(
             "bool" not in str(src.tensor_meta.dtype),
         )
     _PLAN_CACHE[key] = plan
+    local_cache[raw] = plan
     if len(_PLAN_CACHE) > _PLAN_CACHE_MAX:
         _PLAN_CACHE.popitem(last=False)
     return plan
@@ -246,6 +229,7 @@ def cost_model_for(mesh) -> CostModel:  # type: ignore[no-untyped-def]
 def clear_plan_cache() -> None:
     """Forget every cached plan (and reset the counters)."""
     _PLAN_CACHE.clear()
+    clear_graphs()
     _stats["hits"] = _stats["misses"] = 0
 
 

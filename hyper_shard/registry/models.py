@@ -24,15 +24,21 @@ The hyper-parallel seed format loads unchanged: an entry with ``distributed_op_c
 plus ``distributed_op_file`` or ``distributed_op_module`` (``dist_op_name`` and
 ``infer_layout_suffix`` are accepted and ignored); its name is the op name (a MindSpore
 Primitive when it starts with a capital letter, else a torch function).
+
+Types are strict where YAML is ambiguous: ``override`` must be ``true`` or ``false`` (the
+string ``"yes"`` or the number ``1`` is refused), and a name list holds strings only.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
-__all__ = ["OpEntry", "RuleParams"]
+__all__ = ["OpEntry", "RuleParams", "ENTRY_FIELDS", "KIND_FIELDS"]
+
+#: the YAML keys naming what implements an entry (exactly one per entry)
+KIND_FIELDS = ("rule", "class", "distributed_op_class")
 
 
 class RuleParams(BaseModel):
@@ -58,7 +64,7 @@ class OpEntry(BaseModel):
     class_: str | None = Field(default=None, alias="class")
     torch: list[str] = Field(default_factory=list)
     mindspore: list[str] = Field(default_factory=list)
-    override: bool = False
+    override: StrictBool = False
     doc: str | None = None
     # the hyper-parallel seed format
     distributed_op_class: str | None = None
@@ -76,7 +82,10 @@ class OpEntry(BaseModel):
     @classmethod
     def _class_form(cls, v: str | None) -> str | None:
         if v is not None and (v.count(":") != 1 or not all(v.split(":"))):
-            raise ValueError(f"must be 'module:Class', got {v!r}")
+            raise ValueError(
+                f"must be 'module:Class' (a module importable from the installed packages or "
+                f"HYPER_PARALLEL_OPS_PYTHON_PATH, a colon, the class name), got {v!r}"
+            )
         return v
 
     @model_validator(mode="after")
@@ -88,18 +97,30 @@ class OpEntry(BaseModel):
                 "class_": "class",
                 "distributed_op_class": "distributed_op_class",
             }
+            if kinds:
+                raise ValueError(
+                    f"an entry needs exactly one of 'rule', 'class' or 'distributed_op_class', "
+                    f"got {' and '.join(repr(names[k]) for k in kinds)}; keep one"
+                )
             raise ValueError(
-                "an entry needs exactly one of 'rule', 'class' or 'distributed_op_class'"
-                + (f" (got {', '.join(names[k] for k in kinds)})" if kinds else "")
+                "an entry needs exactly one of 'rule', 'class' or 'distributed_op_class', got "
+                "none; add e.g. 'rule: pointwise' (a declarative rule) or 'class: module:Class' "
+                "(a DistributedOp subclass), or give the file a '__default__: {rule: ...}'"
             )
         if self.distributed_op_class and not (
             self.distributed_op_file or self.distributed_op_module
         ):
             raise ValueError(
-                "'distributed_op_class' needs 'distributed_op_file' or 'distributed_op_module'"
+                "'distributed_op_class' needs 'distributed_op_file' (a module name, as in "
+                "hyper-parallel: 'parallel_elementwise') or 'distributed_op_module' (a dotted "
+                "module path); add one"
             )
         return self
 
     def rule_params(self) -> dict[str, Any]:
         """The extra fields: the rule's own parameters."""
         return dict(self.model_extra or {})
+
+
+#: every YAML key an entry itself understands (anything else is a rule parameter)
+ENTRY_FIELDS = tuple(f.alias or n for n, f in OpEntry.model_fields.items())

@@ -1,22 +1,36 @@
 """The Registry: every loaded entry, and the per-platform map from op name to op.
 
 ``get_registry()`` builds it on first use (reading the environment's directories then);
-``reload()`` reads every source again and clears the dispatcher's caches.
+``reload()`` reads every source again, checks the new specs against every platform already
+in use, and only then replaces the registry and clears the dispatcher's caches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import importlib
+import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from .loader import LoadedEntry, load_all
 
-__all__ = ["Registry", "get_registry", "reload"]
+__all__ = ["Registry", "get_registry", "reload", "PLATFORM_BINDERS"]
+
+#: platform -> (module, function) building that platform's lookup table from a Registry.
+#: ``reload()`` runs the binders whose module is already imported, so a spec naming an
+#: unknown platform op fails there (keeping the old registry) instead of at the next op call.
+PLATFORM_BINDERS: dict[str, tuple[str, str]] = {
+    "torch": ("hyper_shard.platform.torch.dispatch", "build_torch_table"),
+}
 
 
 class Registry:
     """Loaded op specs.
+
+    Args:
+        entries: the loaded entries (as :func:`~hyper_shard.registry.loader.load_all`
+            returns them).
 
     Attributes:
         entries: entry name -> :class:`LoadedEntry` (file, validated entry, op instance).
@@ -27,15 +41,25 @@ class Registry:
         self._bindings: dict[str, Any] = {}
 
     def names(self, platform: str) -> dict[str, LoadedEntry]:
-        """Platform op name -> entry, for ``"torch"`` or ``"mindspore"``."""
+        """Platform op name -> entry, for ``"torch"`` or ``"mindspore"``.
+
+        Raises:
+            ValueError: an unknown platform.
+        """
+        if platform not in ("torch", "mindspore"):
+            raise ValueError(f"unknown platform {platform!r}; use 'torch' or 'mindspore'")
         out = {}
         for e in self.entries.values():
             for n in e.torch if platform == "torch" else e.mindspore:
                 out[n] = e
         return out
 
-    def binding(self, platform: str, build: Any) -> Any:
-        """The platform's lookup table, built once by ``build(registry)``."""
+    def binding(self, platform: str, build: Callable[[Registry], Any]) -> Any:
+        """The platform's lookup table, built once by ``build(registry)``.
+
+        Raises:
+            OpSpecError: whatever ``build`` raises for a name the platform does not have.
+        """
         b = self._bindings.get(platform)
         if b is None:
             b = self._bindings[platform] = build(self)
@@ -43,6 +67,9 @@ class Registry:
 
     def __contains__(self, name: str) -> bool:
         return name in self.entries
+
+    def __getitem__(self, name: str) -> LoadedEntry:
+        return self.entries[name]
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -53,23 +80,46 @@ _EXTRA: list[Path] = []
 
 
 def get_registry() -> Registry:
-    """The process-wide registry (built on first use)."""
+    """The process-wide registry (built on first use).
+
+    Raises:
+        OpSpecError: a malformed spec in any source (the registry stays unbuilt, so the
+            next call tries again).
+    """
     global _REGISTRY
     if _REGISTRY is None:
         _REGISTRY = Registry(load_all(_EXTRA))
     return _REGISTRY
 
 
+def _bind_loaded_platforms(reg: Registry) -> None:
+    for platform, (module, func) in PLATFORM_BINDERS.items():
+        if module in sys.modules:
+            build = getattr(importlib.import_module(module), func)
+            reg.binding(platform, build)
+
+
 def reload(extra_dirs: Iterable[str | Path] = ()) -> Registry:
     """Read every source again (built-ins, entry points, ``HYPER_PARALLEL_OPS_YAML_DIR``,
-    plus ``extra_dirs``) and clear the dispatcher's layout cache.
+    ``HYPER_PARALLEL_OPS_PYTHON_PATH``, plus ``extra_dirs``), bind the new specs to every
+    platform already in use, then replace the registry and clear the dispatcher's layout
+    cache.
+
+    Args:
+        extra_dirs: more directories of YAML specs (kept for later :func:`get_registry`
+            calls until the next ``reload``).
+
+    Returns:
+        The new registry.
 
     Raises:
-        OpSpecError: any malformed spec; the previous registry stays in place.
+        OpSpecError: any malformed spec, or an op name a platform in use does not have;
+            the previous registry stays in place.
     """
     global _REGISTRY
     extra = [Path(d) for d in extra_dirs]
     new = Registry(load_all(extra))  # raises before anything is replaced
+    _bind_loaded_platforms(new)  # likewise (unknown torch names)
     _EXTRA[:] = extra
     _REGISTRY = new
     from ..dispatch.dispatcher import clear_cache

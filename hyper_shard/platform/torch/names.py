@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import difflib
+import importlib
 from typing import Any
 
 import torch
@@ -54,25 +56,81 @@ def torch_op_name(func: Any) -> str:
     return f"{mod + '.' if mod else ''}{getattr(func, '__qualname__', repr(func))}"
 
 
-def resolve_torch_op(name: str) -> Any:
-    """The torch function object named ``name`` (``torch.add``, ``Tensor.add_``,
-    ``torch.nn.functional.linear``, ``Tensor.shape.__get__``...).
-
-    Raises:
-        LookupError: no such function.
-    """
-    parts = name.split(".")
-    if parts[0] == "Tensor":
-        obj: Any = torch.Tensor
-        parts = parts[1:]
-    elif parts[0] == "torch":
-        obj = torch
-        parts = parts[1:]
-    else:
-        raise LookupError(f"{name!r}: torch op names start with 'torch.' or 'Tensor.'")
+def _getattr_chain(obj: Any, parts: list[str], name: str, where: str) -> Any:
     for p in parts:
         try:
             obj = getattr(obj, p)
         except AttributeError:
-            raise LookupError(f"{name!r}: torch has no attribute {p!r} there") from None
+            close = difflib.get_close_matches(p, [n for n in dir(obj) if not n.startswith("_")], 1)
+            shown = "Tensor" if where == "torch.Tensor" else where
+            hint = f"; did you mean '{shown}.{close[0]}'?" if close else ""
+            raise LookupError(f"{name!r}: {where} has no attribute {p!r}{hint}") from None
+        where = f"{where}.{p}"
+    return obj
+
+
+def _import_qualified(name: str) -> Any:
+    """``package.module.attr[.attr...]``: the longest importable module prefix, then
+    attributes.
+
+    Raises:
+        LookupError: no prefix imports, importing it fails, or an attribute is missing.
+    """
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        modname = ".".join(parts[:i])
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as e:
+            if e.name is not None and (modname == e.name or modname.startswith(e.name + ".")):
+                continue  # this prefix is not a module: try a shorter one
+            raise LookupError(f"{name!r}: importing module {modname!r} failed: {e}") from None
+        except Exception as e:
+            raise LookupError(
+                f"{name!r}: importing module {modname!r} failed: {type(e).__name__}: {e}"
+            ) from None
+        return _getattr_chain(mod, parts[i:], name, modname)
+    raise LookupError(
+        f"{name!r}: no module {parts[0]!r} can be imported; torch op names start with 'torch.' "
+        f"or 'Tensor.', a custom function is 'module.function' with the module importable "
+        f"from sys.path (installed, or in a directory of HYPER_PARALLEL_OPS_PYTHON_PATH)"
+    )
+
+
+def resolve_torch_op(name: str) -> Any:
+    """The function object named ``name``, as ``__torch_function__`` will receive it.
+
+    Accepted: torch functions and methods (``torch.add``, ``Tensor.add_``,
+    ``torch.nn.functional.linear``, ``Tensor.shape.__get__``...) and any fully qualified
+    importable function that takes part in ``__torch_function__`` (``my_pkg.ops.fused_op``:
+    the longest importable module prefix, then attributes; modules are imported from
+    ``sys.path``, which holds ``HYPER_PARALLEL_OPS_PYTHON_PATH`` once the registry is built).
+
+    Raises:
+        LookupError: no such function, its module fails to import, or the name is not
+            callable (e.g. ``torch.float32``, or ``Tensor.shape`` instead of
+            ``Tensor.shape.__get__``).
+    """
+    if not name or any(not p for p in name.split(".")):
+        raise LookupError(f"{name!r}: not a dotted name like 'torch.add' or 'my_module.my_op'")
+    parts = name.split(".")
+    if parts[0] == "Tensor":
+        obj = _getattr_chain(torch.Tensor, parts[1:], name, "torch.Tensor")
+    elif parts[0] == "torch":
+        try:
+            obj = _getattr_chain(torch, parts[1:], name, "torch")
+        except LookupError as first:
+            try:  # a torch submodule that `import torch` does not import
+                obj = _import_qualified(name)
+            except LookupError:
+                raise first from None
+    else:
+        obj = _import_qualified(name)
+    if not callable(obj):
+        hint = (
+            f"; a property is bound as {name + '.__get__'!r}"
+            if hasattr(obj, "__get__") and not isinstance(obj, type)
+            else ""
+        )
+        raise LookupError(f"{name!r} is not a function (it is a {type(obj).__name__}){hint}")
     return obj

@@ -1,0 +1,210 @@
+"""The placement-state graph of one tensor geometry, shared by the planner and the search.
+
+A geometry is (global shape, mesh shape, itemsize, reachable partial ops, cost model).
+Placements are coded as small ints (``0`` = Replicate, ``1 + d`` = Shard(d), then one code
+per partial op) and a state is a tuple of codes, one per mesh dim. Each state's outgoing
+steps (next state, cost, mesh dim, kind) are computed once and kept, so the many searches
+that touch the same geometry (every layer of a model has the same shapes) cost little.
+
+The legal steps and their costs are documented in :mod:`hyper_shard.redistribute.planner`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from ..placement import Partial, Placement, Replicate, Shard
+from .cost import CostModel
+
+__all__ = ["PlacementGraph", "graph_for"]
+
+
+class PlacementGraph:
+    """States and steps of one geometry (see the module docstring)."""
+
+    __slots__ = (
+        "shape",
+        "mesh_shape",
+        "itemsize",
+        "ops",
+        "cm",
+        "ndim",
+        "placements",
+        "_code",
+        "_edges",
+        "_bytes",
+        "_pcode",
+        "_dist",
+    )
+
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        mesh_shape: tuple[int, ...],
+        itemsize: int,
+        ops: tuple[str, ...],
+        cost_model: CostModel,
+    ) -> None:
+        self.shape = shape
+        self.mesh_shape = mesh_shape
+        self.itemsize = itemsize
+        self.ops = ops
+        self.cm = cost_model
+        self.ndim = len(shape)
+        self.placements: list[Placement] = [
+            Replicate(),
+            *[Shard(d) for d in range(self.ndim)],
+            *[Partial(o) for o in ops],
+        ]
+        self._code = {p: i for i, p in enumerate(self.placements)}
+        self._pcode = {o: 1 + self.ndim + i for i, o in enumerate(ops)}
+        self._edges: dict[tuple[int, ...], list[tuple[tuple[int, ...], float, int, str]]] = {}
+        self._bytes: dict[tuple[int, ...], int] = {}
+        self._dist: dict[tuple[int, ...], dict[tuple[int, ...], float]] = {}
+
+    def encode(self, placements: Sequence[Placement]) -> tuple[int, ...]:
+        """Codes of normalised placements (KeyError for a partial op outside ``ops``)."""
+        return tuple(self._code[p] for p in placements)
+
+    def decode(self, state: tuple[int, ...]) -> tuple[Placement, ...]:
+        pl = self.placements
+        return tuple(pl[c] for c in state)
+
+    def nbytes(self, state: tuple[int, ...]) -> int:
+        """Bytes of the largest local shard in ``state``."""
+        v = self._bytes.get(state)
+        if v is None:
+            ext = list(self.shape)
+            nd = self.ndim
+            for m, c in enumerate(state):
+                if 1 <= c <= nd:
+                    ext[c - 1] = -(-ext[c - 1] // self.mesh_shape[m])
+            v = self._bytes[state] = math.prod(ext) * self.itemsize
+        return v
+
+    def edges(self, state: tuple[int, ...]) -> list[tuple[tuple[int, ...], float, int, str]]:
+        """Every legal step from ``state``: (next state, cost, mesh dim, kind)."""
+        e = self._edges.get(state)
+        if e is not None:
+            return e
+        nd = self.ndim
+        out: list[tuple[tuple[int, ...], float, int, str]] = []
+        bs = self.nbytes(state)
+        ms = self.mesh_shape
+        cost = self.cm.step_cost
+        sum_code = self._pcode.get("sum")
+        for m, c in enumerate(state):
+            # tensor dims sharded by mesh dims to the right (shards nest left to right)
+            right = {x - 1 for x in state[m + 1 :] if 1 <= x <= nd}
+            targets: list[tuple[int, str]] = []
+            if c == 0:
+                targets += [(1 + d, "chunk") for d in range(nd) if d not in right]
+                targets += [(pc, "partition") for pc in self._pcode.values()]
+            elif c <= nd:
+                d = c - 1
+                if d in right:
+                    continue
+                targets.append((0, "all_gather"))
+                targets += [(1 + e, "all_to_all") for e in range(nd) if e != d and e not in right]
+                if sum_code is not None:
+                    targets.append((sum_code, "pad"))
+            else:
+                targets.append((0, "all_reduce"))
+                if self.ops[c - 1 - nd] in ("sum", "avg"):
+                    targets += [(1 + d, "reduce_scatter") for d in range(nd) if d not in right]
+            for q, kind in targets:
+                t = state[:m] + (q,) + state[m + 1 :]
+                out.append((t, cost(kind, m, ms[m], bs, self.nbytes(t)), m, kind))
+        self._edges[state] = out
+        return out
+
+    def shortest(
+        self, src: tuple[int, ...], dst: tuple[int, ...]
+    ) -> tuple[float, list[tuple[int, int, int, str]]]:
+        """Dijkstra from ``src`` to ``dst``: (cost, [(mesh dim, from code, to code, kind)])."""
+        if src == dst:
+            return 0.0, []
+        dist = {src: 0.0}
+        prev: dict[tuple[int, ...], tuple[tuple[int, ...], int, str]] = {}
+        heap: list[tuple[float, int, tuple[int, ...]]] = [(0.0, 0, src)]
+        done: set[tuple[int, ...]] = set()
+        n = 0
+        while heap:
+            c, _, s = heapq.heappop(heap)
+            if s in done:
+                continue
+            if s == dst:
+                steps = []
+                while s != src:
+                    p, m, kind = prev[s]
+                    steps.append((m, p[m], s[m], kind))
+                    s = p
+                steps.reverse()
+                return c, steps
+            done.add(s)
+            for t, w, m, kind in self.edges(s):
+                if t in done:
+                    continue
+                nc = c + w
+                if nc < dist.get(t, math.inf):
+                    dist[t] = nc
+                    prev[t] = (s, m, kind)
+                    n += 1
+                    heapq.heappush(heap, (nc, n, t))
+        raise RuntimeError(f"no path from {self.decode(src)} to {self.decode(dst)}")  # unreachable
+
+    def distances(self, src: tuple[int, ...]) -> dict[tuple[int, ...], float]:
+        """Cost of the cheapest plan from ``src`` to every state (single-source Dijkstra,
+        kept per source)."""
+        d = self._dist.get(src)
+        if d is not None:
+            return d
+        dist = {src: 0.0}
+        done: dict[tuple[int, ...], float] = {}
+        heap: list[tuple[float, int, tuple[int, ...]]] = [(0.0, 0, src)]
+        n = 0
+        while heap:
+            c, _, s = heapq.heappop(heap)
+            if s in done:
+                continue
+            done[s] = c
+            for t, w, _m, _k in self.edges(s):
+                if t in done:
+                    continue
+                nc = c + w
+                if nc < dist.get(t, math.inf):
+                    dist[t] = nc
+                    n += 1
+                    heapq.heappush(heap, (nc, n, t))
+        if len(self._dist) > 256:
+            self._dist.clear()
+        self._dist[src] = done
+        return done
+
+
+_GRAPHS: OrderedDict[tuple, PlacementGraph] = OrderedDict()
+_MAX_GRAPHS = 512
+
+
+def graph_for(
+    shape: tuple[int, ...],
+    mesh_shape: tuple[int, ...],
+    itemsize: int,
+    ops: tuple[str, ...],
+    cost_model: CostModel,
+) -> PlacementGraph:
+    """The (cached) graph of a geometry; ``ops`` should be sorted for reuse."""
+    key = (shape, mesh_shape, itemsize, ops, cost_model)
+    g = _GRAPHS.get(key)
+    if g is None:
+        g = _GRAPHS[key] = PlacementGraph(shape, mesh_shape, itemsize, ops, cost_model)
+        if len(_GRAPHS) > _MAX_GRAPHS:
+            _GRAPHS.popitem(last=False)
+    return g
+
+
+def clear_graphs() -> None:
+    _GRAPHS.clear()

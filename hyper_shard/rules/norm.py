@@ -1,0 +1,126 @@
+"""Normalisation layers over trailing dims: layer_norm, rms_norm.
+
+``normalized_shape`` (``shape_arg``) names the ``k`` trailing dims whose statistics are
+computed: on the input those dims must be Replicate, and so must the affine parameters
+(``weight``, ``bias``: shape ``normalized_shape``). The leading dims keep their shards; the
+output has the input's global shape and placements. A Partial input (or parameter) is
+reduced first: normalisation is not linear.
+
+Gradients follow the contract of :func:`hyper_shard.placement.grad_placement`: each rank's
+local autograd gives the weight/bias gradient of its leading shard, so the gradient of a
+Replicate parameter is ``Partial(sum)`` (its ``full_tensor()`` equals the single-device
+gradient).
+
+Semantics follow ``torch.nn.functional.layer_norm`` and ``torch.nn.functional.rms_norm``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..dispatch.op import DistributedOp, OpCall
+from ..dispatch.search import SingleDimStrategy
+from ..errors import ShardingError
+from ..placement import Placement, Shard
+from ..registry.models import RuleParams
+from . import register_rule
+from ._util import R
+
+__all__ = ["NormOp", "NormParams", "normalized_ndim"]
+
+
+class NormParams(RuleParams):
+    shape_arg: str = "normalized_shape"
+    #: arguments holding affine parameters of shape ``normalized_shape``
+    param_args: list[str] = ["weight", "bias"]
+
+
+def normalized_ndim(normalized_shape: Any) -> tuple[int, ...]:
+    """``normalized_shape`` as a tuple of ints (an int means a 1-tuple).
+
+    Raises:
+        TypeError: not an int or a sequence of ints.
+    """
+    if isinstance(normalized_shape, int) and not isinstance(normalized_shape, bool):
+        return (normalized_shape,)
+    try:
+        out = tuple(int(n) for n in normalized_shape)
+    except TypeError:
+        raise TypeError(
+            f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
+        ) from None
+    return out
+
+
+@register_rule("norm")
+class NormOp(DistributedOp):
+    """Layer/RMS normalisation over the trailing ``normalized_shape`` dims (see the module
+    docstring). Global input shape ``(*lead, *normalized_shape)``; the output has the same
+    global shape and the input's leading shards.
+
+    Raises:
+        ShardingError: the input is not a DTensor, ``normalized_shape`` does not match the
+            input's trailing dims or a parameter's shape, or an unexpected DTensor argument.
+    """
+
+    Params = NormParams
+    signature = ("input", "normalized_shape", "weight", "bias", "eps")
+
+    def __init__(self, name: str, params: Any = None) -> None:
+        super().__init__(name, params)
+        if self.params.static_args is None:
+            self.static_names = (self.params.shape_arg,)
+
+    def _check(self, call: OpCall) -> tuple[int, int]:
+        """(index of the input among the DTensors, number of normalised dims)."""
+        roles = call.arg_roles
+        if "input" not in roles:
+            raise ShardingError(
+                f"{call.describe()}: {self.name} needs its input as a DTensor; distribute the "
+                f"input too (its parameters are DTensors)"
+            )
+        name = self.params.shape_arg
+        value = (
+            call.static[name]
+            if name in call.static
+            else self.binder.get(call.args, call.kwargs, name)
+        )
+        shape = normalized_ndim(value)
+        k = len(shape)
+        i = roles.index("input")
+        ishape = call.specs[i].shape
+        if k > len(ishape) or tuple(ishape[len(ishape) - k :]) != shape:
+            raise ShardingError(
+                f"{call.describe()}: normalized_shape={list(shape)} expects an input of shape "
+                f"[*, {', '.join(map(str, shape))}], got {list(ishape)}; pass the input's "
+                f"trailing dims as normalized_shape"
+            )
+        for r, s in zip(roles, call.specs):
+            if r == "input":
+                continue
+            if r not in self.params.param_args:
+                raise ShardingError(
+                    f"{call.describe()}: unexpected DTensor argument {r!r} for {self.name}; "
+                    f"only input and {', '.join(self.params.param_args)} may be DTensors"
+                )
+            if tuple(s.shape) != shape:
+                raise ShardingError(
+                    f"{call.describe()}: {r} of shape {list(s.shape)} does not match "
+                    f"normalized_shape={list(shape)}; give {r} the normalized shape"
+                )
+        return i, k
+
+    def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
+        i, k = self._check(call)
+        n = len(call.specs)
+        lead = call.specs[i].ndim - k
+        out: list[SingleDimStrategy] = []
+        for d in range(lead):
+            ins: list[Placement] = [R] * n
+            ins[i] = Shard(d)
+            out.append(((Shard(d),), tuple(ins)))
+        return out
+
+    def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
+        i, _ = self._check(call)
+        return [call.specs[i].shape]

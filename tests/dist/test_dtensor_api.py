@@ -1,0 +1,176 @@
+"""The DTensor API on real gloo ranks, against plain torch on the same inputs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import hyper_shard as hs
+from hyper_shard import (
+    DeviceMesh,
+    DTensor,
+    Partial,
+    Replicate,
+    Shard,
+    distribute_tensor,
+    init_device_mesh,
+)
+
+pytestmark = pytest.mark.multiproc
+
+
+def check_from_local_uneven(rank, world):
+    mesh = init_device_mesh("cpu", (2,))
+    glob = torch.arange(10.0).reshape(2, 5)
+    # torch.chunk layout: widths 3 and 2; inferred without `shape`
+    local = glob[:, :3] if rank == 0 else glob[:, 3:]
+    dt = DTensor.from_local(local, mesh, [Shard(1)])
+    assert tuple(dt.shape) == (2, 5)
+    torch.testing.assert_close(dt.full_tensor(), glob)
+    # widths 2 and 3 (not the torch.chunk layout) with shape=(2, 5): a clear error on both
+    bad = glob[:, :2] if rank == 0 else glob[:, 2:]
+    with pytest.raises(ValueError, match="torch.chunk"):
+        DTensor.from_local(bad, mesh, [Shard(1)], shape=(2, 5))
+    # ... and without shape: the gathered sizes are checked, the same error on both ranks
+    with pytest.raises(ValueError, match=r"local sizes \[2, 3\]"):
+        DTensor.from_local(bad, mesh, [Shard(1)])
+    # the process group is still usable afterwards
+    torch.testing.assert_close(dt.redistribute(mesh, [Shard(0)]).full_tensor(), glob)
+    return True
+
+
+def test_from_local_uneven(dist2):
+    assert dist2.run(check_from_local_uneven) == [True, True]
+
+
+def check_distribute_and_factories(rank, world):
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    # every rank has a different tensor: distribute_tensor takes rank 0's
+    torch.manual_seed(rank)
+    t = torch.randn(5, 6)
+    ref = t.clone()
+    torch.distributed.broadcast(ref, 0)
+    for pl in (
+        [Shard(0), Shard(1)],
+        [Replicate(), Shard(0)],
+        [Shard(1), Shard(1)],
+        [Partial(), Replicate()],
+    ):
+        dt = distribute_tensor(t, mesh, pl)
+        torch.testing.assert_close(dt.full_tensor(), ref)
+        assert dt.is_leaf and not dt.requires_grad
+    dt = distribute_tensor(t.requires_grad_(), mesh, [Shard(0), Replicate()])
+    assert dt.requires_grad and dt.is_leaf
+    # factories equal plain torch for the same seed
+    for name in ("zeros", "ones", "rand", "randn"):
+        torch.manual_seed(11)
+        d = getattr(hs, name)(5, 3, device_mesh=mesh, placements=[Shard(0), Shard(1)])
+        torch.manual_seed(11)
+        want = getattr(torch, name)(5, 3)
+        torch.testing.assert_close(d.full_tensor(), want)
+    f = hs.full(
+        (3, 4), 2.5, device_mesh=mesh, placements=[Replicate(), Shard(1)], dtype=torch.float64
+    )
+    torch.testing.assert_close(f.full_tensor(), torch.full((3, 4), 2.5, dtype=torch.float64))
+    e = hs.empty(4, 4, device_mesh=mesh, placements=[Shard(0), Replicate()])
+    assert tuple(e.shape) == (4, 4) and tuple(e.to_local().shape) == (2, 4)
+    z = hs.zeros((6, 2), device_mesh=mesh, requires_grad=True)
+    assert z.requires_grad and z.placements == (Replicate(), Replicate())
+    return True
+
+
+def test_distribute_and_factories(dist4):
+    assert dist4.run(check_distribute_and_factories) == [True] * 4
+
+
+def check_tensor_protocol(rank, world):
+    mesh = init_device_mesh("cpu", (2,))
+    glob = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+    dt = distribute_tensor(glob, mesh, [Shard(0)])
+    # metadata is global
+    assert dt.shape == torch.Size([5, 4]) and dt.size() == (5, 4) and dt.size(0) == 5
+    assert dt.dim() == 2 and dt.ndim == 2 and dt.numel() == 20 and len(dt) == 5
+    assert dt.dtype == torch.float32 and dt.device.type == "cpu"
+    assert dt.to_local().shape == ((3, 4) if rank == 0 else (2, 4))
+    # parameters: nn.Parameter keeps the DTensor, deepcopy keeps the spec
+    p = torch.nn.Parameter(dt)
+    assert isinstance(p, torch.nn.Parameter) and isinstance(p, DTensor) and p.requires_grad
+    q = copy.deepcopy(p)
+    assert isinstance(q, DTensor) and q.placements == p.placements and q.requires_grad
+    torch.testing.assert_close(q.full_tensor(), glob)
+    # detach keeps the layout; repr names the placements
+    d = p.detach()
+    assert isinstance(d, DTensor) and not d.requires_grad and d.placements == (Shard(0),)
+    assert "Shard(dim=0)" in repr(d)
+    # .grad is a DTensor whose full tensor is the single-device gradient
+    w = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+    (p.full_tensor() * w).sum().backward()
+    assert isinstance(p.grad, DTensor) and p.grad.placements == (Shard(0),)
+    torch.testing.assert_close(p.grad.full_tensor(), w)
+    r = distribute_tensor(glob, mesh, [Replicate()]).requires_grad_()
+    (r.full_tensor() * w).sum().backward()
+    assert r.grad.placements == (Partial(),)
+    torch.testing.assert_close(r.grad.full_tensor(), w)
+    r.grad = None
+    assert r.grad is None
+    # setting a grad converts it to the leaf's gradient form
+    r.grad = distribute_tensor(w, mesh, [Shard(1)])
+    torch.testing.assert_close(r.grad.full_tensor(), w)
+    # item / tolist gather the whole value
+    s = DTensor.from_local(torch.tensor(float(rank + 1)), mesh, [Partial()])
+    assert s.item() == 3.0
+    # an op with no rule yet raises a clear error, and nothing hangs
+    with pytest.raises(NotImplementedError, match=r"torch\.histc.*S\(0\)"):
+        torch.histc(dt)
+    # moving to another mesh is refused clearly
+    other = DeviceMesh("cpu", [1, 0])
+    with pytest.raises(ValueError, match="another mesh"):
+        dt.redistribute(other, [Replicate()])
+    return True
+
+
+def test_tensor_protocol(dist2):
+    assert dist2.run(check_tensor_protocol) == [True, True]
+
+
+def check_permuted_mesh(rank, world):
+    """A mesh whose ranks are not in row-major order: collectives follow coordinates."""
+    mesh = DeviceMesh("cpu", [[0, 2], [3, 1]])
+    glob = torch.arange(24.0).reshape(4, 6)
+    for src in ([Shard(0), Shard(1)], [Shard(1), Shard(0)], [Replicate(), Shard(1)]):
+        dt = distribute_tensor(glob, mesh, src)
+        for dst in (
+            [Replicate(), Replicate()],
+            [Shard(1), Shard(0)],
+            [Shard(0), Shard(0)],
+            [Partial(), Shard(1)],
+        ):
+            torch.testing.assert_close(dt.redistribute(mesh, dst).full_tensor(), glob)
+    return True
+
+
+def test_permuted_mesh(dist4):
+    assert dist4.run(check_permuted_mesh) == [True] * 4
+
+
+def check_partial_backward_seed(rank, world):
+    """loss.backward() on a Partial or Replicate scalar DTensor counts the loss once."""
+    mesh = init_device_mesh("cpu", (2,))
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    dt = distribute_tensor(x, mesh, [Shard(0)]).requires_grad_()
+    local = dt.to_local()
+    part = DTensor.from_local((local * local).sum(), mesh, [Partial()])  # sum of squares
+    part.backward()
+    torch.testing.assert_close(dt.grad.full_tensor(), 2 * x)  # d/dx sum(x^2) = 2x
+    dt.grad = None
+    local = dt.to_local()
+    part = DTensor.from_local((local * local).sum(), mesh, [Partial()])
+    part.redistribute(mesh, [Replicate()]).backward()
+    torch.testing.assert_close(dt.grad.full_tensor(), 2 * x)
+    return True
+
+
+def test_partial_backward_seed(dist2):
+    assert dist2.run(check_partial_backward_seed) == [True, True]

@@ -1,0 +1,144 @@
+"""softmax/log_softmax and layer_norm/rms_norm on real gloo ranks against plain torch on
+the same global input (forward and backward, weight and bias gradients included): every
+placement combination on 2 ranks, a fixed sample on a (2, 2) mesh, uneven and empty shards,
+Partial inputs.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hyper_shard import Partial, Replicate, Shard, ShardingError, init_device_mesh
+from tests._helpers import all_combos, check_op, dt_from_global
+
+pytestmark = pytest.mark.multiproc
+
+S0, S1, S2 = Shard(0), Shard(1), Shard(2)
+
+
+def _mesh(world):
+    return init_device_mesh("cpu", (2, 2) if world == 4 else (world,))
+
+
+def _sample(combos, k, world, must=()):
+    """Every combination on the 1-D mesh; on (2, 2) ``must`` plus a fixed sample of ``k``."""
+    if world == 2 or len(combos) <= k:
+        return combos
+    return list(must) + random.Random(0).sample(combos, k)
+
+
+def _randn(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def check_softmax(rank, world):
+    torch.set_num_threads(1)
+    mesh = _mesh(world)
+    x = _randn(5, 3, 2, seed=0)
+    nested = [((S0, S0),), ((S1, S1),), ((S2, S0),), ((Partial(), S1),)]
+    combos = _sample(all_combos([x], mesh.ndim, ("sum", "max")), 12, world, nested)
+    fns = [
+        lambda a: torch.softmax(a, -1),
+        lambda a: a.softmax(0),
+        lambda a: F.softmax(a, dim=1),
+        lambda a: F.softmax(a, 2, dtype=torch.float64),
+        lambda a: torch.log_softmax(a, 1),
+        lambda a: a.log_softmax(dim=-3),
+        lambda a: F.log_softmax(a, 0),
+        lambda a: torch.special.softmax(a, 1),
+        lambda a: F.softmin(a, 2),
+        lambda a: F.softmax(a),  # legacy implicit dim (0 for a 3-d input)
+    ]
+    n = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the implicit-dim deprecation
+        for fn in fns:
+            n += check_op(fn, [x], mesh, combos)
+    return n
+
+
+def check_layer_norm(rank, world):
+    torch.set_num_threads(1)
+    mesh = _mesh(world)
+    x = _randn(5, 3, 4, seed=1)
+    w, b = _randn(4, seed=2) + 1, _randn(4, seed=3)
+    nested = [((S0, S0), (Replicate(),) * 2, (Replicate(),) * 2), ((S1, S0), (S0, S0), (S0,) * 2)]
+    # a 3-input search miss costs ~0.1 s per rank on (2, 2): sample lightly there
+    combos = _sample(all_combos([x, w, b], mesh.ndim), 8, world, nested)
+    n = check_op(lambda a, c, d: F.layer_norm(a, (4,), c, d), [x, w, b], mesh, combos)
+    n += check_op(
+        lambda a, c, d: torch.layer_norm(a, [4], c, d, 1e-3), [x, w, b], mesh, combos[::3]
+    )
+    # two normalised dims, weight and bias of shape (3, 4)
+    w2, b2 = _randn(3, 4, seed=4), _randn(3, 4, seed=5)
+    combos2 = _sample(all_combos([x, w2, b2], mesh.ndim), 5, world)
+    n += check_op(lambda a, c, d: F.layer_norm(a, x.shape[1:], c, d), [x, w2, b2], mesh, combos2)
+    # no affine parameters
+    xs = _sample(all_combos([x], mesh.ndim), 8, world)
+    n += check_op(lambda a: F.layer_norm(a, [4]), [x], mesh, xs)
+    n += check_op(lambda a: F.layer_norm(a, (3, 4), eps=1e-2), [x], mesh, xs)
+    return n
+
+
+def check_rms_norm(rank, world):
+    torch.set_num_threads(1)
+    mesh = _mesh(world)
+    x = _randn(5, 3, 4, seed=6)
+    w = _randn(4, seed=7)
+    combos = _sample(all_combos([x, w], mesh.ndim), 16, world, [((S0, S0), (S0, Replicate()))])
+    n = check_op(lambda a, c: F.rms_norm(a, [4], c), [x, w], mesh, combos)
+    n += check_op(lambda a, c: F.rms_norm(a, (4,), c, 1e-3), [x, w], mesh, combos[::2])
+    n += check_op(lambda a, c: torch.rms_norm(a, [4], weight=c), [x, w], mesh, combos[::3])
+    w2 = _randn(3, 4, seed=8)
+    combos2 = _sample(all_combos([x, w2], mesh.ndim), 8, world)
+    n += check_op(lambda a, c: F.rms_norm(a, (3, 4), c), [x, w2], mesh, combos2)
+    n += check_op(
+        lambda a: F.rms_norm(a, [4]), [x], mesh, _sample(all_combos([x], mesh.ndim), 6, world)
+    )
+    return n
+
+
+def check_norm_errors(rank, world):
+    torch.set_num_threads(1)
+    mesh = _mesh(world)
+    x = dt_from_global(_randn(5, 3, 4, seed=1), mesh, [S0] * mesh.ndim)
+    w = dt_from_global(_randn(3, seed=2), mesh, [Replicate()] * mesh.ndim)
+    msgs = []
+    for fn in (lambda: F.layer_norm(x, (3,)), lambda: F.layer_norm(x, (4,), w)):
+        with pytest.raises(ShardingError) as info:
+            fn()
+        msgs.append(str(info.value))
+    assert "normalized_shape=[3]" in msgs[0] and "[5, 3, 4]" in msgs[0], msgs[0]
+    assert "weight" in msgs[1] and "[3]" in msgs[1], msgs[1]
+    with pytest.raises(IndexError, match="out of range"):
+        torch.softmax(x, 3)
+    return len(msgs)
+
+
+def _run(pool, fn):
+    counts = pool.run(fn)
+    assert counts[0] > 0 and len(set(counts)) == 1
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_softmax(world, dist2, dist4):
+    _run(dist2 if world == 2 else dist4, check_softmax)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_layer_norm(world, dist2, dist4):
+    _run(dist2 if world == 2 else dist4, check_layer_norm)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_rms_norm(world, dist2, dist4):
+    _run(dist2 if world == 2 else dist4, check_rms_norm)
+
+
+def test_norm_errors(dist2):
+    _run(dist2, check_norm_errors)
