@@ -128,7 +128,7 @@ class Dispatcher:
                     f"{pname}: inputs live on different meshes ({mesh} and {d._spec.mesh}); "
                     f"redistribute them onto one DeviceMesh first"
                 )
-        binder = op.binder
+        binder = bound.binder
         names = list(binder.names)
         roles: list[str] = []
         scalars: dict[str, Any] = {}
@@ -177,6 +177,9 @@ class Dispatcher:
             reflected=bound.reflected,
             args=args,
             kwargs=kwargs,
+            func=func,
+            binder=binder,
+            platform=self.platform,
         )
 
     def _redistribute(

@@ -128,6 +128,9 @@ class OpCall:
         inplace: the call writes into its first argument.
         reflected: a reflected operator (``__radd__``): the DTensor is the right operand.
         args/kwargs: the raw call (read-only: for rules that need more than static args).
+        func: the platform function called (an ``impl`` may call it on local data).
+        binder: how this platform's call passes the canonical arguments.
+        platform: the Platform (neutral local tensor primitives for an ``impl``).
     """
 
     name: str
@@ -140,6 +143,16 @@ class OpCall:
     reflected: bool
     args: tuple
     kwargs: dict
+    func: Any = None
+    binder: Binder | None = None
+    platform: Any = None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The value of canonical argument ``name`` in this call."""
+        b = self.binder
+        if b is None:
+            return self.static.get(name, default)
+        return b.get(self.args, self.kwargs, name, default)
 
     @property
     def mesh(self) -> Any:
@@ -201,14 +214,21 @@ class DistributedOp:
         if params is None:
             params = {}
         self.params: Any = params if isinstance(params, BaseModel) else self.Params(**params)
-        sig = getattr(self.params, "signature", None)
-        self.binder = Binder(sig or self.signature)
+        sig = getattr(self.params, "signature", None) or self.signature
+        ms_sig = getattr(self.params, "mindspore_signature", None) or sig
+        #: per platform: how that platform's calls pass the canonical arguments
+        self.binders = {"torch": Binder(sig), "mindspore": Binder(ms_sig)}
+        self.binder = self.binders["torch"]
         st = getattr(self.params, "static_args", None)
         self.static_names: tuple[str, ...] = (
             tuple(st) if st is not None else tuple(self.static_args)
         )
 
     # -- phase 2 ----------------------------------------------------------------
+    def binder_for(self, platform: str) -> Binder:
+        """The argument binder of ``platform``'s calls (``torch`` or ``mindspore``)."""
+        return self.binders.get(platform, self.binder)
+
     def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
         """Strategies for ONE mesh dim: ``(output placements, input placements)`` pairs,
         one placement per output and per DTensor input. All-Replicate need not be listed."""
@@ -355,17 +375,18 @@ class BoundOp:
         reflected: bool,
         is_dtensor: Callable[[Any], bool],
         tensor_type: type,
+        platform: str = "torch",
     ) -> None:
         self.op = op
         self.name = name
         self.id = next(_ids)
         self.inplace = inplace
         self.reflected = reflected
-        self.binder = op.binder
+        b = self.binder = op.binder_for(platform)
         self.static_kw = frozenset(op.static_names)
-        self.static_pos = frozenset(op.binder.pos[n] for n in op.static_names if n in op.binder.pos)
-        if op.binder.varargs is not None and op.binder.varargs[0] in op.static_names:
-            self.static_pos = self.static_pos | frozenset(range(op.binder.varargs[1], 64))
+        self.static_pos = frozenset(b.pos[n] for n in op.static_names if n in b.pos)
+        if b.varargs is not None and b.varargs[0] in op.static_names:
+            self.static_pos = self.static_pos | frozenset(range(b.varargs[1], 64))
         self.is_dtensor = is_dtensor
         self.tensor_type = tensor_type
 

@@ -53,6 +53,11 @@ class RuleParams(BaseModel):
     static_args: list[str] | None = Field(
         default=None, description="argument names whose values enter the layout cache key"
     )
+    mindspore_signature: list[str] | None = Field(
+        default=None,
+        description="canonical positional names for MindSpore Primitive calls, when they "
+        "differ from the torch signature",
+    )
 
 
 class OpEntry(BaseModel):

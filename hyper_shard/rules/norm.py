@@ -80,11 +80,7 @@ class NormOp(DistributedOp):
                 f"input too (its parameters are DTensors)"
             )
         name = self.params.shape_arg
-        value = (
-            call.static[name]
-            if name in call.static
-            else self.binder.get(call.args, call.kwargs, name)
-        )
+        value = call.static[name] if name in call.static else call.get(name)
         shape = normalized_ndim(value)
         k = len(shape)
         i = roles.index("input")

@@ -299,7 +299,7 @@ class ReductionOp(DistributedOp):
             return None
         if name in call.static:
             return call.static[name]
-        return self.binder.get(call.args, call.kwargs, name)
+        return call.get(name)
 
     def form(self, call: OpCall) -> ReduceForm:
         """The call's reduced dims and output kind.
@@ -421,7 +421,7 @@ class ReductionOp(DistributedOp):
         spec = call.specs[0]
         if op == "mean":
             count = math.prod(spec.shape[d] for d in f.dims)
-            layout.impl = _MeanAsSum(self.binder, f.dims, f.keepdim, count)
+            layout.impl = _MeanAsSum(call.binder or self.binder, f.dims, f.keepdim, count)
             return layout
         # amax / amin / max(x) / min(x): pad an empty local shard with the identity
         local = spec.with_placements(target).local_shape()
@@ -430,7 +430,7 @@ class ReductionOp(DistributedOp):
             mode = "max" if op in ("amax", "max") else "min"
             meta = spec.tensor_meta
             layout.impl = _ExtremumPadded(
-                self.binder,
+                call.binder or self.binder,
                 f.dims,
                 f.keepdim,
                 mode,

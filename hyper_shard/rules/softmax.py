@@ -69,11 +69,7 @@ class SoftmaxOp(DistributedOp):
                 f"arguments are not supported (pass them as python values or plain dtypes)"
             )
         name = self.params.dim_arg
-        dim = (
-            call.static[name]
-            if name in call.static
-            else self.binder.get(call.args, call.kwargs, name)
-        )
+        dim = call.static[name] if name in call.static else call.get(name)
         try:
             return softmax_dim(dim, call.specs[0].ndim)
         except (IndexError, TypeError) as e:
