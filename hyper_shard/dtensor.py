@@ -168,6 +168,8 @@ class DTensor:
             if grad_placements is not None
             else tuple(Replicate() if type(p) is Partial else p for p in spec.placements)
         )
+        if _needs_no_conversion(gp, spec.placements):
+            return local  # the local gradient already is this DTensor's gradient form
         fwd = local if any(type(p) is Partial for p in spec.placements) else None
         return plat.custom_autograd(
             lambda x: x, lambda g: local_derivative(plat, g, gp, spec, fwd), local
@@ -263,6 +265,25 @@ def _redistribute_plain(plat: Platform, g: Any, spec: DTensorSpec, dst: Sequence
     """Redistribute a gradient (no autograd) from ``spec``'s placements to ``dst``."""
     plan = plan_redistribute(spec, dst)
     return execute_plan(plat, g, spec, plan) if plan.steps else g
+
+
+def _needs_no_conversion(
+    g_placements: Sequence[Placement], placements: Sequence[Placement]
+) -> bool:
+    """True when a gradient read as ``g_placements`` is already the local-derivative form
+    of a value placed ``placements`` (Shard read as the same Shard, Partial(sum) read as
+    Replicate, Replicate read as Partial(sum))."""
+    for g, p in zip(g_placements, placements):
+        tp = type(p)
+        if tp is Shard:
+            if g != p:
+                return False
+        elif tp is Replicate:
+            if not (type(g) is Partial and g.reduce_op == "sum"):
+                return False
+        elif p.reduce_op != "sum" or type(g) is not Replicate:  # type: ignore[attr-defined]
+            return False
+    return True
 
 
 def local_derivative(

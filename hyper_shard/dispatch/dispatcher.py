@@ -93,6 +93,12 @@ class Dispatcher:
         else:
             _STATS["hits"] += 1
             _CACHE.move_to_end(key)
+        return self.execute(bound, func, args, kwargs, dts, dec)
+
+    def execute(
+        self, bound: BoundOp, func: Any, args: tuple, kwargs: dict, dts: list, dec: Decision
+    ) -> Any:
+        """Phase 3: redistribute the inputs a decision moves, run the local op, wrap."""
         if dec.needs_redist:
             args, kwargs = self._redistribute(args, kwargs, dts, dec)
         if dec.overrides:

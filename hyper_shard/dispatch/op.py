@@ -344,6 +344,7 @@ class Decision:
 
 # ---------------------------------------------------------------------- registry binding
 _SCALAR_TYPES = (int, float, bool, complex)
+_SCALAR_SET = frozenset({int, float, bool, complex, type(None)})
 
 
 class BoundOp:
@@ -364,6 +365,7 @@ class BoundOp:
         "binder",
         "is_dtensor",
         "tensor_type",
+        "dt_type",
     )
 
     def __init__(
@@ -376,6 +378,7 @@ class BoundOp:
         is_dtensor: Callable[[Any], bool],
         tensor_type: type,
         platform: str = "torch",
+        dt_type: type | None = None,
     ) -> None:
         self.op = op
         self.name = name
@@ -389,17 +392,26 @@ class BoundOp:
             self.static_pos = self.static_pos | frozenset(range(b.varargs[1], 64))
         self.is_dtensor = is_dtensor
         self.tensor_type = tensor_type
+        self.dt_type = dt_type  # the exact DTensor class: a fast identity check before isinstance
 
     def key(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple, list]:
         """The cache key and the DTensor inputs (argument order, lists flattened)."""
         parts: list[Any] = [self.id]
         dts: list[Any] = []
         is_dt = self.is_dtensor
+        dt_type = self.dt_type
+        sp = self.static_pos
         for i, a in enumerate(args):
-            if is_dt(a):
+            ta = type(a)
+            if ta is dt_type:
                 parts.append(a._spec)
                 dts.append(a)
-            elif type(a) is list or type(a) is tuple:
+            elif ta in _SCALAR_SET and i not in sp:
+                parts.append(ta)
+            elif is_dt(a):
+                parts.append(a._spec)
+                dts.append(a)
+            elif ta is list or ta is tuple:
                 parts.append(self._seq_key(a, dts, i in self.static_pos))
             elif i in self.static_pos:
                 parts.append(_hashable(a))

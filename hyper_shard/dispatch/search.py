@@ -34,6 +34,7 @@ __all__ = ["SingleDimStrategy", "SearchResult", "search_strategy", "full_expansi
 SingleDimStrategy = tuple[tuple[Placement, ...], tuple[Placement, ...]]
 
 _R = Replicate()
+_PAVG = Partial("avg")
 
 
 @dataclass(frozen=True)
@@ -67,13 +68,17 @@ def _index(strategies: Sequence[SingleDimStrategy], n_out: int, n_in: int) -> di
 def _partial_ops_for(
     i: int, specs: Sequence[DTensorSpec], strategies: Sequence[SingleDimStrategy]
 ) -> tuple[str, ...]:
+    """Partial ops input ``i``'s graph holds: sum (unless bool), those its current
+    placements hold, and those its strategies ask for — except ``avg`` when no input is
+    ``Partial(avg)``: a linear strategy's avg variant then costs exactly its sum variant."""
     ops = ["sum"] if "bool" not in str(specs[i].tensor_meta.dtype) else []
+    any_avg = any(p == _PAVG for s in specs for p in s.placements)
     for p in specs[i].placements:
         if type(p) is Partial and p.reduce_op not in ops:
             ops.append(p.reduce_op)
     for _, ins in strategies:
         p = ins[i]
-        if type(p) is Partial and p.reduce_op not in ops:
+        if type(p) is Partial and p.reduce_op not in ops and (p.reduce_op != "avg" or any_avg):
             ops.append(p.reduce_op)
     return tuple(ops)
 
@@ -138,7 +143,9 @@ def search_strategy(
         for i, s in enumerate(specs)
     ]
     choices = [
-        (tuple(graphs[i]._code[p] for i, p in enumerate(ins)), o) for ins, o in table.items()
+        (tuple(graphs[i]._code[p] for i, p in enumerate(ins)), o)
+        for ins, o in table.items()
+        if all(p in graphs[i]._code for i, p in enumerate(ins))
     ]
     fixed_set = set(fixed)
     dists: list[dict[tuple[int, ...], float]] = []

@@ -125,4 +125,10 @@ def reload(extra_dirs: Iterable[str | Path] = ()) -> Registry:
     from ..dispatch.dispatcher import clear_cache
 
     clear_cache()
+    for hook in list(RELOAD_HOOKS):
+        hook(new)
     return new
+
+
+#: callables run with the new registry after every reload (platforms drop their tables)
+RELOAD_HOOKS: list = []

@@ -14,11 +14,13 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from ...dispatch.dispatcher import Dispatcher
+from ...dispatch.dispatcher import _CACHE, _STATS, Dispatcher
 from ...dispatch.op import BoundOp, Decision
 from ...errors import OpSpecError
 from ...placement import Replicate
-from ...registry.registry import Registry, get_registry
+from ...registry.registry import RELOAD_HOOKS, Registry, get_registry
+from .dtensor import TorchDTensor as _DT
+from .dtensor import wrap as _wrap
 from .names import resolve_torch_op, torch_op_name
 
 __all__ = ["torch_dispatch", "build_torch_table"]
@@ -72,21 +74,30 @@ def build_torch_table(reg: Registry) -> dict[Any, BoundOp]:
                 reflected=reflected,
                 is_dtensor=is_dt,
                 tensor_type=torch.Tensor,
+                dt_type=TorchDTensor,
             )
     return table
 
 
-_TABLE: dict[Any, BoundOp] | None = None
+_TABLE: dict[Any, BoundOp] = {}  # function -> BoundOp; emptied on registry reload
 _TABLE_OF: Registry | None = None
 
 
 def _lookup(func: Any) -> BoundOp | None:
     global _TABLE, _TABLE_OF
     reg = get_registry()
-    if _TABLE is None or _TABLE_OF is not reg:
+    if _TABLE_OF is not reg:
         _TABLE = reg.binding("torch", build_torch_table)
         _TABLE_OF = reg
     return _TABLE.get(func)
+
+
+def _on_reload(reg: Registry) -> None:
+    global _TABLE, _TABLE_OF
+    _TABLE, _TABLE_OF = {}, None
+
+
+RELOAD_HOOKS.append(_on_reload)
 
 
 def _run_local(fn: Any, args: tuple, kwargs: dict) -> Any:
@@ -95,16 +106,14 @@ def _run_local(fn: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _wrap_outputs(out: Any, dec: Decision) -> Any:
-    from .dtensor import wrap
-
     if isinstance(out, torch.Tensor):
-        return wrap(out, dec.out_spec(0, out.dtype, out.element_size()))
+        return _wrap(out, dec.out_spec(0, out.dtype, out.element_size()))
     if isinstance(out, (tuple, list)):
         items = []
         i = 0
         for x in out:
             if isinstance(x, torch.Tensor):
-                items.append(wrap(x, dec.out_spec(i, x.dtype, x.element_size())))
+                items.append(_wrap(x, dec.out_spec(i, x.dtype, x.element_size())))
                 i += 1
             else:
                 items.append(x)
@@ -172,8 +181,36 @@ _DISPATCHER: Dispatcher | None = None
 
 
 def torch_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
-    """Dispatch one torch function call on DTensors."""
+    """Dispatch one torch function call on DTensors (the hot path: a cache hit)."""
+    bound = _TABLE.get(func)
+    if bound is None:
+        return _slow(func, args, kwargs)
+    key, dts = bound.key(args, kwargs)
+    dec = _CACHE.get(key)
+    if dec is None:
+        return _slow(func, args, kwargs)
+    _STATS["hits"] += 1
+    _CACHE.move_to_end(key)
+    if dec.needs_redist or dec.overrides or dec.inplace:
+        return _DISPATCHER.execute(bound, func, args, kwargs, dts, dec)  # type: ignore[union-attr]
+    with _NoTF():
+        out = (dec.impl or func)(*args, **kwargs)
+    if type(out) is _Tensor:
+        spec = dec._specs.get((0, out.dtype))
+        if spec is None:
+            spec = dec.out_spec(0, out.dtype, out.element_size())
+        o = out.as_subclass(_DT)
+        o._spec = spec
+        return o
+    return _wrap_outputs(out, dec)
+
+
+def _slow(func: Any, args: tuple, kwargs: dict) -> Any:
     global _DISPATCHER
     if _DISPATCHER is None:
         _DISPATCHER = _make()
     return _DISPATCHER(func, args, kwargs)
+
+
+_NoTF = DisableTorchFunctionSubclass
+_Tensor = torch.Tensor

@@ -23,7 +23,6 @@ from torch._C import DisableTorchFunctionSubclass
 from ...dtensor import DTensor, local_derivative, redistribute_local
 from ...placement import Partial, Replicate, grad_placement
 from ...spec import DTensorSpec
-from .dispatch import torch_dispatch
 
 __all__ = ["TorchDTensor", "wrap", "make_leaf", "PROTOCOL_HANDLERS"]
 
@@ -38,7 +37,7 @@ class TorchDTensor(DTensor, torch.Tensor):  # type: ignore[misc]
         h = PROTOCOL_HANDLERS.get(func)
         if h is not None:
             return h(args, kwargs or {})
-        return torch_dispatch(func, args, kwargs or {})
+        return _dm.torch_dispatch(func, args, kwargs or {})
 
 
 def wrap(local: torch.Tensor, spec: DTensorSpec) -> TorchDTensor:
@@ -367,3 +366,6 @@ def redistribute_dtensor(dt: Any, placements: Any) -> Any:
     spec = dt._spec
     dst = spec.with_placements(placements)
     return wrap(redistribute_local(spec.mesh.platform, _local(dt), spec, dst), dst)
+
+
+from . import dispatch as _dm  # noqa: E402  (dispatch imports this module's class)
