@@ -83,6 +83,8 @@ class Dispatcher:
         self.decompose = decompose
 
     def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if kwargs and kwargs.get("out") is not None:
+            return self._with_out(func, args, kwargs)
         bound = self.lookup(func)
         if bound is None:
             return self._unregistered(func, args, kwargs)
@@ -108,6 +110,35 @@ class Dispatcher:
         if dec.inplace:
             return args[0] if not dec.needs_redist else dts[0]
         return self.wrap_outputs(out, dec)
+
+    def _with_out(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """``out=`` variants: compute out of place, then write into ``out`` when it is a
+        DTensor with exactly the result's layout (else a clear error; nothing is written)."""
+        kw = dict(kwargs)
+        out = kw.pop("out")
+        result = self(func, args, kw)
+        name = self.name_of(func)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        if len(outs) != len(results):
+            raise ShardingError(
+                f"{name}: out= has {len(outs)} tensors, the op returns {len(results)}"
+            )
+        for o, r in zip(outs, results):
+            if not self.is_dtensor(o):
+                raise ShardingError(
+                    f"{name}: out= must be a DTensor when the inputs are DTensors, got "
+                    f"{type(o).__name__}; call without out= (or pass a DTensor)"
+                )
+            if o._spec.placements != r._spec.placements or o._spec.shape != r._spec.shape:
+                raise ShardingError(
+                    f"{name}: out= is {fmt_placements(o._spec)} but the result is "
+                    f"{fmt_placements(r._spec)}; call without out= and redistribute, or pass an "
+                    f"out= with the result's placements"
+                )
+        for o, r in zip(outs, results):
+            self.platform.copy_into(o, r)
+        return out
 
     # ------------------------------------------------------------------ miss path
     def _miss(

@@ -143,6 +143,10 @@ class Platform:
     def is_tensor(self, obj: Any) -> bool:
         raise NotImplementedError
 
+    def copy_into(self, dst: Any, src: Any) -> None:
+        """Copy DTensor ``src``'s local data into DTensor ``dst``'s (same layout), in place."""
+        raise NotImplementedError
+
     def detach(self, t: Any) -> Any:
         raise NotImplementedError
 

@@ -174,3 +174,24 @@ def check_partial_backward_seed(rank, world):
 
 def test_partial_backward_seed(dist2):
     assert dist2.run(check_partial_backward_seed) == [True, True]
+
+
+def check_out_variants(rank, world):
+    """out= writes into a DTensor with the result's layout, else raises clearly."""
+    mesh = init_device_mesh("cpu", (2,))
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g)
+    da, db = distribute_tensor(a, mesh, [Shard(0)]), distribute_tensor(b, mesh, [Shard(0)])
+    out = distribute_tensor(torch.zeros(5, 4), mesh, [Shard(0)])
+    res = torch.add(da, db, out=out)
+    assert res is out
+    torch.testing.assert_close(out.full_tensor(), a + b)
+    wrong = distribute_tensor(torch.zeros(5, 4), mesh, [Replicate()])
+    with pytest.raises(ValueError, match="out= is .* but the result is"):
+        torch.add(da, db, out=wrong)
+    torch.testing.assert_close(wrong.full_tensor(), torch.zeros(5, 4))  # nothing written
+    return True
+
+
+def test_out_variants(dist2):
+    assert dist2.run(check_out_variants) == [True, True]

@@ -183,7 +183,7 @@ _DISPATCHER: Dispatcher | None = None
 def torch_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     """Dispatch one torch function call on DTensors (the hot path: a cache hit)."""
     bound = _TABLE.get(func)
-    if bound is None:
+    if bound is None or (kwargs and "out" in kwargs):
         return _slow(func, args, kwargs)
     key, dts = bound.key(args, kwargs)
     dec = _CACHE.get(key)

@@ -1,0 +1,141 @@
+"""Local kernels of the random rule (see ``hyper_shard/rules/random.py``): each runs the
+called torch function on a tensor of the GLOBAL shape (same dtype and device as the local
+shard) inside :class:`hyper_shard.random.OffsetRNGTracker`, which keeps this rank's box
+of the draw. The generator therefore advances exactly as the single-device call would.
+
+* :class:`GlobalDraw` — ``rand_like``, ``randn_like``, ``randint_like``,
+  ``bernoulli(input)`` (probabilities gathered first): the function on the global tensor,
+  this rank's box returned; in-place fills (``Tensor.uniform_``, ``normal_``,
+  ``nn.init.*``) copy the box into the local shard.
+* :class:`ShardedDropout` — ``dropout``/``dropout1d/2d/3d``: the same function on a
+  global tensor of ones gives ``mask / (1 - p)`` exactly as torch's kernel computes it, so
+  ``input * box`` is bit-identical to the single-device result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ....dispatch.op import Binder
+from ....random import get_rng_tracker
+
+__all__ = ["GlobalDraw", "ShardedDropout"]
+
+
+class GlobalDraw:
+    """A random op whose output (or in-place result) is this rank's box of the global draw.
+
+    Args:
+        func: the torch function called (``torch.rand_like``, ``Tensor.uniform_``...).
+        binder: the call's binder; role: the canonical name of the tensor the draw takes
+            its shape from (``input``, ``tensor``...).
+        plat: the torch Platform.
+        global_shape: the global shape of the draw.
+        box: ``(offset, local shape)`` of this rank's shard of the output.
+        inplace: fill the local shard in place and return it.
+        no_grad: run the in-place copy under ``torch.no_grad()`` (``nn.init`` functions).
+        from_values: the tensor is already the global tensor (a gathered probability
+            tensor of ``bernoulli``): call the function on it directly.
+    """
+
+    __slots__ = (
+        "func",
+        "binder",
+        "role",
+        "plat",
+        "global_shape",
+        "box",
+        "inplace",
+        "no_grad",
+        "from_values",
+    )
+
+    def __init__(
+        self,
+        func: Any,
+        binder: Binder,
+        role: str,
+        plat: Any,
+        global_shape: Sequence[int],
+        box: tuple[Sequence[int], Sequence[int]],
+        *,
+        inplace: bool,
+        no_grad: bool = False,
+        from_values: bool = False,
+    ) -> None:
+        self.func, self.binder, self.role, self.plat = func, binder, role, plat
+        self.global_shape = tuple(global_shape)
+        self.box = (tuple(box[0]), tuple(box[1]))
+        self.inplace, self.no_grad, self.from_values = inplace, no_grad, from_values
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        x = self.binder.get(args, kwargs, self.role)
+        rg = False
+        if not self.inplace and "requires_grad" in kwargs:
+            kwargs = dict(kwargs)
+            rg = bool(kwargs.pop("requires_grad"))
+        if self.from_values:
+            full = x
+        else:
+            full = torch.empty(self.global_shape, dtype=x.dtype, device=x.device)
+        a2, k2 = self.binder.replace(args, kwargs, self.role, full)
+
+        def draw() -> torch.Tensor:
+            out = self.func(*a2, **k2)
+            return full if self.inplace else out
+
+        box = get_rng_tracker().draw_shard(self.plat, draw, *self.box)
+        if self.inplace:
+            if self.no_grad:
+                with torch.no_grad():
+                    x.copy_(box)
+            else:
+                x.copy_(box)
+            return x
+        return box.requires_grad_() if rg else box
+
+
+class ShardedDropout:
+    """``dropout``-style op (``input * mask / (1 - p)``) on a shard: the mask is this
+    rank's box of the single-device draw.
+
+    Args:
+        func: the torch function called; binder: the call's binder.
+        plat: the torch Platform.
+        global_shape: the input's global shape; box: this rank's ``(offset, local shape)``.
+        inplace_call: the function itself is in-place (``torch.dropout_``).
+    """
+
+    __slots__ = ("func", "binder", "plat", "global_shape", "box", "inplace_call")
+
+    def __init__(
+        self,
+        func: Any,
+        binder: Binder,
+        plat: Any,
+        global_shape: Sequence[int],
+        box: tuple[Sequence[int], Sequence[int]],
+        inplace_call: bool,
+    ) -> None:
+        self.func, self.binder, self.plat = func, binder, plat
+        self.global_shape = tuple(global_shape)
+        self.box = (tuple(box[0]), tuple(box[1]))
+        self.inplace_call = inplace_call
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        b = self.binder
+        x = b.get(args, kwargs, "input")
+        p = b.get(args, kwargs, "p", 0.5)
+        training = b.get(args, kwargs, "training", b.get(args, kwargs, "train", True))
+        inplace = self.inplace_call or bool(b.get(args, kwargs, "inplace", False))
+        if not training or (isinstance(p, (int, float)) and p == 0):
+            return x  # torch draws nothing and returns the input
+        ones = torch.ones(self.global_shape, dtype=x.dtype, device=x.device)
+        a2, k2 = b.replace(args, kwargs, "input", ones)
+        if "inplace" in b.pos:  # F.dropout(..., inplace=True): draw on the ones out of place
+            a2, k2 = b.replace(a2, k2, "inplace", False)
+        mask = get_rng_tracker().draw_shard(self.plat, lambda: self.func(*a2, **k2), *self.box)
+        return x.mul_(mask) if inplace else x * mask
