@@ -108,7 +108,7 @@ class Dispatcher:
                 args, kwargs = bound.binder.replace(args, kwargs, name, value)
         out = self.run_local(dec.impl or func, args, kwargs)
         if dec.inplace:
-            return args[0] if not dec.needs_redist else dts[0]
+            return dts[0]  # the target (first DTensor input, positional or keyword)
         return self.wrap_outputs(out, dec)
 
     def _with_out(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -222,23 +222,37 @@ class Dispatcher:
     def _redistribute(
         self, args: tuple, kwargs: dict, dts: list, dec: Decision
     ) -> tuple[tuple, dict]:
+        """Replace every DTensor occurrence the decision moves by its redistributed local.
+
+        Occurrences are matched in the order :meth:`BoundOp.key` found them, so one object
+        passed twice (``x * x``) may get two layouts; the same object moved to the same
+        layout twice is redistributed once."""
         plat = self.platform
-        repl: dict[int, Any] = {}
+        new: list[Any] = []
+        done: dict[tuple[int, Any], Any] = {}
         for dt, plan, tgt in zip(dts, dec.plans, dec.targets):
             if plan is None or tgt is None:
+                new.append(None)
                 continue
-            local = plat.local_of(dt)
-            repl[id(dt)] = redistribute_with_plan(plat, local, dt._spec, plan)
+            k = (id(dt), tgt.placements)
+            r = done.get(k)
+            if r is None:
+                r = done[k] = _moved(plat, dt, plan, tgt)
+            new.append(r)
+        it = iter(zip(dts, new))
+        is_dt = self.is_dtensor
 
         def sub(a: Any) -> Any:
-            r = repl.get(id(a))
-            if r is not None:
-                return r
+            if is_dt(a):
+                dt, r = next(it)
+                assert dt is a
+                return a if r is None else r
             if type(a) in (list, tuple):
                 return type(a)(sub(x) for x in a)
             return a
 
-        return tuple(sub(a) for a in args), {k: sub(v) for k, v in kwargs.items()}
+        args2 = tuple(sub(a) for a in args)
+        return args2, {k: sub(v) for k, v in kwargs.items()}
 
     # ------------------------------------------------------------------ unregistered
     def _unregistered(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -284,7 +298,15 @@ class Dispatcher:
         out = self.run_local(
             func, tuple(sub(a) for a in args), {k: sub(v) for k, v in kwargs.items()}
         )
-        return self.platform.replicate_outputs(out, mesh)
+        from ..dtensor import DTensor
+        from ..placement import Replicate
+
+        def one(t: Any) -> Any:
+            if self.platform.is_tensor(t) and not self.is_dtensor(t):
+                return DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim)
+            return t
+
+        return type(out)(one(x) for x in out) if isinstance(out, (tuple, list)) else one(out)
 
 
 def _find_dtensors(args: tuple, kwargs: dict, is_dt: Callable[[Any], bool]) -> list:
@@ -295,6 +317,24 @@ def _find_dtensors(args: tuple, kwargs: dict, is_dt: Callable[[Any], bool]) -> l
         elif type(a) in (list, tuple):
             out.extend(x for x in a if is_dt(x))
     return out
+
+
+def _moved(plat: Any, dt: Any, plan: Any, tgt: Any) -> Any:
+    """``dt``'s local data redistributed to ``tgt``. A DTensor that needs no gradient
+    keeps its last result while its data is unchanged (same version counter), so a
+    gradient read by several optimizer ops is reduced once per step."""
+    local = plat.local_of(dt)
+    if plat.requires_grad(local):
+        return redistribute_with_plan(plat, local, dt._spec, plan)
+    ver = plat.version(dt)
+    if ver is None:
+        return redistribute_with_plan(plat, local, dt._spec, plan)
+    memo = dt.__dict__.get("_hs_moved")
+    if memo is not None and memo[0] == ver and memo[1] == tgt.placements:
+        return memo[2]
+    r = redistribute_with_plan(plat, local, dt._spec, plan)
+    dt.__dict__["_hs_moved"] = (ver, tgt.placements, r)
+    return r
 
 
 def redistribute_with_plan(plat: Any, local: Any, spec: Any, plan: Any) -> Any:

@@ -254,10 +254,15 @@ class DistributedOp:
         cm = cost_model_for(call.mesh)
         fixed = (0,) if call.inplace else ()
         accept = None
-        if type(self).accept is not DistributedOp.accept:
+        custom = type(self).accept is not DistributedOp.accept
+        if custom or call.inplace:
+            target = call.specs[0].placements
 
             def accept(ins: tuple, outs: tuple) -> bool:
-                return self.accept(call, ins, outs)
+                # an in-place result must keep the target's placements
+                if call.inplace and outs and outs[0] != target:
+                    return False
+                return not custom or self.accept(call, ins, outs)
 
         try:
             res = search_strategy(
@@ -440,7 +445,7 @@ class BoundOp:
                 out.append(_hashable(a))
             else:
                 out.append(self._tag(a))
-        return tuple(out)
+        return (type(seq), *out)  # a list and a tuple index differently (x[[0, 2]] vs x[0, 2])
 
     def _tag(self, a: Any) -> Any:
         t = type(a)

@@ -23,7 +23,33 @@ from typing import Any
 
 from ..redistribute.cost import COLLECTIVES, DEFAULT_COST_MODEL, CostModel
 
-__all__ = ["Platform"]
+__all__ = ["Platform", "GroupRanks"]
+
+
+class GroupRanks:
+    """A communication group's ranks in mesh-coordinate order, and the map to the backend's
+    group-rank order (backends order a group's ranks ascending; a mesh need not)."""
+
+    __slots__ = ("ranks", "order", "identity")
+
+    def __init__(self, ranks: Sequence[int]) -> None:
+        self.ranks = tuple(ranks)
+        srt = sorted(self.ranks)
+        self.order = tuple(srt.index(r) for r in self.ranks)  # coordinate -> group rank
+        self.identity = self.order == tuple(range(len(self.ranks)))
+
+    def to_coord_order(self, xs: list[Any]) -> list[Any]:
+        """Per-group-rank results reordered by mesh coordinate."""
+        return xs if self.identity else [xs[g] for g in self.order]
+
+    def to_group_order(self, xs: Sequence[Any]) -> list[Any]:
+        """Per-coordinate inputs reordered by group rank."""
+        if self.identity:
+            return list(xs)
+        out: list[Any] = [None] * len(xs)
+        for c, g in enumerate(self.order):
+            out[g] = xs[c]
+        return out
 
 
 class Platform:
@@ -142,6 +168,11 @@ class Platform:
 
     def is_tensor(self, obj: Any) -> bool:
         raise NotImplementedError
+
+    def version(self, t: Any) -> int | None:
+        """A counter that changes whenever ``t``'s data is written in place, or None if the
+        framework has none (then nothing is memoised)."""
+        return None
 
     def copy_into(self, dst: Any, src: Any) -> None:
         """Copy DTensor ``src``'s local data into DTensor ``dst``'s (same layout), in place."""

@@ -32,7 +32,10 @@ from ..placement import Partial, Placement, Shard
 from ..spec import DTensorSpec, chunk_sizes
 from .planner import Plan, Step
 
-__all__ = ["execute_plan", "backward_plan", "run_step"]
+__all__ = ["execute_plan", "backward_plan", "run_step", "COUNTERS"]
+
+#: active step counters (see :func:`hyper_shard.debug.comm_counter`)
+COUNTERS: list[dict[str, int]] = []
 
 
 def _extent(
@@ -124,6 +127,9 @@ def run_step(
     assert coord is not None
     n = mesh.shape[m]
     c = coord[m]
+    if COUNTERS:
+        for counter in COUNTERS:
+            counter[kind] = counter.get(kind, 0) + 1
     if kind == "chunk":
         d = dst.dim  # type: ignore[attr-defined]
         sizes = chunk_sizes(_extent(spec, state, m, d, coord), n)

@@ -195,3 +195,51 @@ def check_out_variants(rank, world):
 
 def test_out_variants(dist2):
     assert dist2.run(check_out_variants) == [True, True]
+
+
+def check_inplace_keeps_target(rank, world):
+    """In-place ops keep the target's placements (the other operand moves), as torch."""
+    mesh = init_device_mesh("cpu", (2,))
+    g = torch.Generator().manual_seed(6)
+    a, b = torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g)
+    da, db = distribute_tensor(a, mesh, [Replicate()]), distribute_tensor(b, mesh, [Shard(0)])
+    out = da.mul_(db)
+    assert out is da and da.placements == (Replicate(),)
+    torch.testing.assert_close(da.full_tensor(), a * b)
+    return True
+
+
+def test_inplace_keeps_target(dist2):
+    assert dist2.run(check_inplace_keeps_target) == [True, True]
+
+
+def check_optimizer_reduces_gradient_once(rank, world):
+    """A Replicate parameter's Partial(sum) gradient is all-reduced once per optimizer step
+    (the data-parallel all-reduce), however many optimizer ops read it; the step equals
+    plain AdamW on the same data."""
+    from hyper_shard.debug import comm_counter
+
+    mesh = init_device_mesh("cpu", (2,))
+    g = torch.Generator().manual_seed(8)
+    x, w0 = torch.randn(6, 4, generator=g), torch.randn(4, 3, generator=g)
+    w = distribute_tensor(w0, mesh, [Replicate()]).requires_grad_()
+    ref = w0.clone().requires_grad_()
+    opt = torch.optim.AdamW([w], lr=0.1, foreach=False)
+    ref_opt = torch.optim.AdamW([ref], lr=0.1, foreach=False)
+    dx = distribute_tensor(x, mesh, [Shard(0)])
+    for _ in range(2):
+        torch.mm(dx, w).to_local().sum().backward()
+        assert w.grad.placements == (Partial(),)
+        with comm_counter() as c:
+            opt.step()
+        assert c["all_reduce"] == 1, dict(c)
+        opt.zero_grad()
+        (x @ ref).sum().backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        torch.testing.assert_close(w.full_tensor(), ref.detach())
+    return True
+
+
+def test_optimizer_reduces_gradient_once(dist2):
+    assert dist2.run(check_optimizer_reduces_gradient_once) == [True, True]

@@ -58,6 +58,8 @@ def check_unary_and_scalars(rank, world):
         lambda a: torch.nn.functional.silu(a),
         lambda a: torch.add(a, 3, alpha=2),
         lambda a: (a > 0).float() * a,
+        lambda a: a * a,  # one object twice: each occurrence gets its own layout
+        lambda a: torch.maximum(a, a - 1),
     ):
         n += check_op(fn, [x], mesh, combos)
     return n

@@ -13,7 +13,7 @@ from torch._C import DisableTorchFunctionSubclass
 
 from ...redistribute.cost import COLLECTIVES
 from ...spec import TensorMeta, contiguous_stride
-from ..base import Platform
+from ..base import GroupRanks, Platform
 
 __all__ = ["TorchPlatform", "TorchGroup"]
 
@@ -28,28 +28,14 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-class TorchGroup:
+class TorchGroup(GroupRanks):
     """A torch process group plus the map from mesh coordinate to group rank."""
 
-    __slots__ = ("pg", "ranks", "order", "identity")
+    __slots__ = ("pg",)
 
     def __init__(self, pg: Any, ranks: Sequence[int]) -> None:
+        super().__init__(ranks)
         self.pg = pg
-        self.ranks = tuple(ranks)
-        srt = sorted(self.ranks)
-        self.order = tuple(srt.index(r) for r in self.ranks)  # coordinate -> group rank
-        self.identity = self.order == tuple(range(len(self.ranks)))
-
-    def to_coord_order(self, xs: list[Any]) -> list[Any]:
-        return xs if self.identity else [xs[g] for g in self.order]
-
-    def to_group_order(self, xs: Sequence[Any]) -> list[Any]:
-        if self.identity:
-            return list(xs)
-        out: list[Any] = [None] * len(xs)
-        for c, g in enumerate(self.order):
-            out[g] = xs[c]
-        return out
 
     def __repr__(self) -> str:
         return f"TorchGroup(ranks={list(self.ranks)})"
@@ -146,6 +132,10 @@ class TorchPlatform(Platform):
     def div(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a / b
 
+    def version(self, t: Any) -> int | None:
+        with DisableTorchFunctionSubclass():
+            return int(t._version)
+
     def copy_into(self, dst: Any, src: Any) -> None:
         with DisableTorchFunctionSubclass():
             dst.copy_(src)
@@ -188,7 +178,10 @@ class TorchPlatform(Platform):
         return fn(shape, dtype=dtype, device=device)
 
     # ------------------------------------------------------------ collectives
+    # gloo has no int16 kernels: such tensors travel as int32 (sums wrap the same way)
     def all_gather(self, t: torch.Tensor, group: TorchGroup, n: int) -> list[torch.Tensor]:
+        if t.dtype is torch.int16:
+            return [x.to(torch.int16) for x in self.all_gather(t.int(), group, n)]
         shape = tuple(t.shape)
         if t.numel() == 0:
             return [t] * n
@@ -197,6 +190,8 @@ class TorchPlatform(Platform):
         return group.to_coord_order(list(buf.unbind(0)))
 
     def all_reduce(self, t: torch.Tensor, op: str, group: TorchGroup) -> torch.Tensor:
+        if t.dtype is torch.int16:
+            return self.all_reduce(t.int(), op, group).to(torch.int16)
         out = t.contiguous().clone()
         if out.numel() == 0:
             return out
@@ -208,6 +203,8 @@ class TorchPlatform(Platform):
     def reduce_scatter(
         self, pieces: Sequence[torch.Tensor], op: str, group: TorchGroup
     ) -> torch.Tensor:
+        if pieces and pieces[0].dtype is torch.int16:
+            return self.reduce_scatter([p.int() for p in pieces], op, group).to(torch.int16)
         inp = torch.stack(group.to_group_order(pieces))
         out = torch.empty_like(pieces[0], memory_format=torch.contiguous_format)
         if out.numel() == 0:
@@ -220,6 +217,8 @@ class TorchPlatform(Platform):
         return out
 
     def all_to_all(self, pieces: Sequence[torch.Tensor], group: TorchGroup) -> list[torch.Tensor]:
+        if pieces and pieces[0].dtype is torch.int16:
+            return [x.to(torch.int16) for x in self.all_to_all([p.int() for p in pieces], group)]
         inp = torch.stack(group.to_group_order(pieces))
         if inp.numel() == 0:
             return list(pieces)
@@ -228,6 +227,8 @@ class TorchPlatform(Platform):
         return group.to_coord_order(list(out.unbind(0)))
 
     def broadcast(self, t: torch.Tensor, src_group_rank: int, group: TorchGroup) -> torch.Tensor:
+        if t.dtype is torch.int16:
+            return self.broadcast(t.int(), src_group_rank, group).to(torch.int16)
         out = t.contiguous().clone()
         dist.broadcast(out, src=group.ranks[src_group_rank], group=group.pg)
         return out

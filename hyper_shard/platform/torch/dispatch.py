@@ -17,7 +17,6 @@ from torch._C import DisableTorchFunctionSubclass
 from ...dispatch.dispatcher import _CACHE, _STATS, Dispatcher
 from ...dispatch.op import BoundOp, Decision
 from ...errors import OpSpecError
-from ...placement import Replicate
 from ...registry.registry import RELOAD_HOOKS, Registry, get_registry
 from .dtensor import TorchDTensor as _DT
 from .dtensor import wrap as _wrap
@@ -152,26 +151,12 @@ class _TorchDispatcher(Dispatcher):
     pass
 
 
-def _replicate_outputs(out: Any, mesh: Any) -> Any:
-    from ...dtensor import DTensor
-
-    def one(t: Any) -> Any:
-        if isinstance(t, torch.Tensor) and not isinstance(t, DTensor):
-            return DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim)
-        return t
-
-    if isinstance(out, (tuple, list)):
-        return type(out)([one(x) for x in out])
-    return one(out)
-
-
 def _make() -> Dispatcher:
     from ..select import get_platform
     from . import TorchPlatform
 
     plat = get_platform("torch")
     assert isinstance(plat, TorchPlatform)
-    plat.replicate_outputs = _replicate_outputs  # type: ignore[attr-defined]
     return _TorchDispatcher(
         plat, _lookup, torch_op_name, _run_local, _wrap_outputs, _is_dtensor, _decompose
     )
