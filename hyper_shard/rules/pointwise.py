@@ -76,7 +76,14 @@ class PointwiseOp(DistributedOp):
                         ((Partial(op),), tuple(Partial(op) if i == j else R for i in range(nin)))
                     )
         elif mode == "first":
-            if call.arg_roles and call.arg_roles[0] == "input" and not call.reflected:
+            # floor/trunc division is not linear in the numerator: reduce a Partial first
+            rounding = call.kwargs.get("rounding_mode")
+            if (
+                call.arg_roles
+                and call.arg_roles[0] == "input"
+                and not call.reflected
+                and rounding is None
+            ):
                 for op in LINEAR_OPS:
                     strategies.append(((Partial(op),), (Partial(op),) + (R,) * (nin - 1)))
         elif mode == "max_preserving" and nin == 1:

@@ -28,6 +28,16 @@ __all__ = ["ShardedSDPA"]
 _sdpa = F.scaled_dot_product_attention
 
 
+def _connect(out: torch.Tensor, inputs: Sequence[Any]) -> torch.Tensor:
+    """An empty local result that depends on every input requiring grad: torch's kernel
+    may return an empty output detached from some input (e.g. the mask), and then that
+    input's redistribution would skip its backward collective on this rank only."""
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            out = out + t.sum() * 0
+    return out
+
+
 class ShardedSDPA:
     """``scaled_dot_product_attention`` on local shards.
 
@@ -57,6 +67,12 @@ class ShardedSDPA:
         self.attn_box = (tuple(attn_box[0]), tuple(attn_box[1]))
         self._masks: dict[tuple, torch.Tensor] = {}
 
+    def __repr__(self) -> str:
+        return (
+            f"ShardedSDPA(query_offset={self.query_offset}, attention {list(self.attn_shape)}, "
+            f"box offset={list(self.attn_box[0])} shape={list(self.attn_box[1])})"
+        )
+
     def causal_mask(self, n_rows: int, n_cols: int, device: Any) -> torch.Tensor:
         """Boolean ``(n_rows, n_cols)``: True where local query row ``i`` (global
         ``query_offset + i``) may attend to key ``j``."""
@@ -85,8 +101,12 @@ class ShardedSDPA:
             mask = self.causal_mask(q.shape[-2], k.shape[-2], q.device)
             causal = False
         if p > 0.0:
-            return self._math_with_dropout(q, k, v, mask, p, causal, scale, gqa)
-        return _sdpa(q, k, v, mask, 0.0, causal, scale=scale, enable_gqa=gqa)
+            out = self._math_with_dropout(q, k, v, mask, p, causal, scale, gqa)
+        else:
+            out = _sdpa(q, k, v, mask, 0.0, causal, scale=scale, enable_gqa=gqa)
+        if out.numel() == 0:
+            out = _connect(out, (q, k, v, mask))
+        return out
 
     def _math_with_dropout(
         self,

@@ -82,6 +82,10 @@ class GlobalMeanLoss:
         self.binder, self.kind, self.plat = binder, kind, plat
         self.groups, self.prob_count = tuple(groups), prob_count
 
+    def __repr__(self) -> str:
+        what = "sample count" if self.prob_count is not None else "non-ignored targets"
+        return f"GlobalMeanLoss({self.kind}: local sum / global {what})"
+
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         x, t, w, ii, ls = _args(self.binder, args, kwargs)
         if self.kind == "cross_entropy":
@@ -121,6 +125,9 @@ class ShardedLogSoftmax:
 
     def __init__(self, binder: Binder, plat: Any, dim: int, groups: Sequence[Any]) -> None:
         self.binder, self.plat, self.dim, self.groups = binder, plat, dim, tuple(groups)
+
+    def __repr__(self) -> str:
+        return f"ShardedLogSoftmax(dim={self.dim}, over {len(self.groups)} mesh dim(s))"
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         x = self.binder.get(args, kwargs, "input")
@@ -180,6 +187,12 @@ class ClassParallelLoss:
         self.class_dim, self.class_offset, self.n_classes = class_dim, class_offset, n_classes
         self.class_groups, self.batch_groups = tuple(class_groups), tuple(batch_groups)
         self.reduction, self.prob_count = reduction, prob_count
+
+    def __repr__(self) -> str:
+        return (
+            f"ClassParallelLoss({self.kind}, class dim {self.class_dim}, first class "
+            f"{self.class_offset} of {self.n_classes}, reduction={self.reduction!r})"
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         from ....rules.loss import loss_parallel_enabled

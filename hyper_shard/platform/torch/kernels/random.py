@@ -71,6 +71,13 @@ class GlobalDraw:
         self.box = (tuple(box[0]), tuple(box[1]))
         self.inplace, self.no_grad, self.from_values = inplace, no_grad, from_values
 
+    def __repr__(self) -> str:
+        name = getattr(self.func, "__name__", "draw")
+        return (
+            f"GlobalDraw({name} on {list(self.global_shape)}, keep offset={list(self.box[0])} "
+            f"shape={list(self.box[1])}{', in place' if self.inplace else ''})"
+        )
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         x = self.binder.get(args, kwargs, self.role)
         rg = False
@@ -124,6 +131,12 @@ class ShardedDropout:
         self.global_shape = tuple(global_shape)
         self.box = (tuple(box[0]), tuple(box[1]))
         self.inplace_call = inplace_call
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardedDropout(mask drawn on {list(self.global_shape)}, keep "
+            f"offset={list(self.box[0])} shape={list(self.box[1])})"
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         b = self.binder

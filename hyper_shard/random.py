@@ -1,0 +1,222 @@
+"""Offset-based RNG tracker: a random op on a DTensor equals the single-device op.
+
+Every rank of a mesh keeps the same generator state (seed them alike with
+:func:`manual_seed`, or copy rank 0's state with :func:`sync_rng_state`). A random op on a
+DTensor (dropout, ``rand_like``, ``Tensor.uniform_``, ``nn.init.normal_``...) then runs
+inside the tracker: the op draws the *whole global tensor* from that shared state, with the
+same kernel, shape and dtype as the single-device op, and each rank keeps the box its shard
+owns (its global offset and local shape). So:
+
+* every shard equals its slice of the single-device draw for the same seed (Shard,
+  Replicate and nested placements alike, uneven shards included);
+* the generator advances exactly as it would on one device, so the next random op, on a
+  DTensor or a plain tensor, stays in lockstep with a single-device run.
+
+**Cost** (the price of exactness): per random op, every rank does the RNG work of the
+whole global tensor and holds one global-size temporary until its slice is copied out;
+there is no communication. A sharded dropout therefore costs one full-size mask draw per
+rank, a sharded ``nn.init`` one full-size parameter draw per rank.
+
+Why not a true offset into the stream (as PyTorch's CUDA tracker does with Philox)? The
+CPU generator is an mt19937 with no skip-ahead API, and the CPU kernels consume it in
+kernel-specific ways (``normal_`` draws 16-wide Box-Muller blocks and recomputes the tail,
+``bernoulli_`` one draw per element...). A rank drawing only a prefix or a skipped range
+would neither reproduce the single-device values nor leave the generator in the
+single-device state. Drawing the whole tensor is the exact choice.
+
+Plain random ops on plain tensors are not tracked: a rank that draws alone (e.g. only
+rank 0 samples data from the default generator) puts the ranks' generators out of step;
+:func:`rng_synced` checks, :func:`sync_rng_state` repairs.
+
+Semantics follow the framework's own random ops (``torch.nn.functional.dropout``,
+``torch.rand_like``...) on the global tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .mesh import DeviceMesh
+
+__all__ = [
+    "OffsetRNGTracker",
+    "RNGStats",
+    "get_rng_tracker",
+    "manual_seed",
+    "sync_rng_state",
+    "rng_synced",
+]
+
+
+@dataclass
+class RNGStats:
+    """Counters of the tracker: ``draws`` (random ops run), ``elements`` (elements drawn,
+    global-size draws included), ``kept`` (elements kept by this rank)."""
+
+    draws: int = 0
+    elements: int = 0
+    kept: int = 0
+
+
+class OffsetRNGTracker:
+    """Runs the random draws of DTensor ops so each shard owns its slice of the
+    single-device stream (see the module docstring).
+
+    A rule's local kernel calls :meth:`draw_shard` with a function that draws the global
+    tensor and the box (global offset, local shape) of this rank's shard.
+    """
+
+    def __init__(self) -> None:
+        self.stats = RNGStats()
+
+    def draw_shard(
+        self,
+        plat: Any,
+        draw_global: Callable[[], Any],
+        offset: Sequence[int],
+        local_shape: Sequence[int],
+    ) -> Any:
+        """This rank's box of one global draw.
+
+        Args:
+            plat: the Platform (for ``shape``/``narrow``/``contiguous``).
+            draw_global: draws the whole global tensor from the shared generator state.
+            offset: the global index of the shard's first element (one entry per dim).
+            local_shape: the shard's shape.
+
+        Returns:
+            The box ``[offset, offset + local_shape)`` of the draw, a contiguous tensor that
+            does not keep the global draw alive (the draw itself when the box is all of it).
+
+        Raises:
+            ValueError: the box does not fit inside the drawn tensor.
+        """
+        full = draw_global()
+        shape = plat.shape(full)
+        if len(shape) != len(offset) or len(shape) != len(local_shape):
+            raise ValueError(
+                f"RNG tracker: a draw of shape {tuple(shape)} cannot hold a box at offset "
+                f"{tuple(offset)} of shape {tuple(local_shape)}"
+            )
+        self.stats.draws += 1
+        n = 1
+        for s in shape:
+            n *= s
+        self.stats.elements += n
+        out = full
+        cut = False
+        for d, (o, ln, s) in enumerate(zip(offset, local_shape, shape)):
+            if o < 0 or o + ln > s:
+                raise ValueError(
+                    f"RNG tracker: box [{o}, {o + ln}) is outside dim {d} of size {s} of the draw"
+                )
+            if ln != s:
+                out = plat.narrow(out, d, o, ln)
+                cut = True
+        k = 1
+        for ln in local_shape:
+            k *= ln
+        self.stats.kept += k
+        return plat.contiguous(out).clone() if cut else out
+
+
+_TRACKER = OffsetRNGTracker()
+
+
+def get_rng_tracker() -> OffsetRNGTracker:
+    """The process's RNG tracker (used by the random, dropout and attention rules)."""
+    return _TRACKER
+
+
+def _framework(device_mesh: DeviceMesh | None) -> str:
+    if device_mesh is not None and not device_mesh.is_abstract:
+        return device_mesh.platform.name
+    from .platform.select import get_platform
+
+    return get_platform().name
+
+
+def manual_seed(seed: int, device_mesh: DeviceMesh | None = None) -> None:
+    """Seed the framework's default generator with ``seed`` on this rank (call it on every
+    rank with the same seed, as ``torch.manual_seed``).
+
+    Args:
+        seed: the seed (the same on every rank).
+        device_mesh: if given, check across the mesh that every rank passed the same seed
+            (one small all-gather per mesh dim).
+
+    Raises:
+        ValueError: ``device_mesh`` given and some rank passed another seed (the message
+            lists the seeds seen).
+    """
+    seed = int(seed)
+    if device_mesh is not None and not device_mesh.is_abstract:
+        plat = device_mesh.platform
+        seen = {seed}
+        for m in range(device_mesh.ndim):
+            got = plat.all_gather_object(
+                sorted(seen), device_mesh.get_group(m), device_mesh.shape[m]
+            )
+            seen = {s for lst in got for s in lst}
+        if len(seen) > 1:
+            raise ValueError(
+                f"hyper_shard.random.manual_seed: ranks of mesh {device_mesh} passed different "
+                f"seeds {sorted(seen)}; pass the same seed on every rank, so that sharded random "
+                f"ops equal the single-device ones"
+            )
+    fw = _framework(device_mesh)
+    if fw == "torch":
+        import torch
+
+        torch.manual_seed(seed)
+    elif fw == "mindspore":
+        import mindspore
+
+        mindspore.set_seed(seed)
+    else:  # pragma: no cover - only two platforms exist
+        raise ValueError(f"hyper_shard.random.manual_seed: unknown platform {fw!r}")
+
+
+def _torch_state_digest() -> int:
+    import hashlib
+
+    import torch
+
+    return int.from_bytes(hashlib.sha1(torch.get_rng_state().numpy().tobytes()).digest()[:8], "big")
+
+
+def rng_synced(device_mesh: DeviceMesh) -> bool:
+    """True if every rank of ``device_mesh`` holds the same default-generator state (torch;
+    one small all-gather per mesh dim). A collective: every rank must call it.
+
+    Raises:
+        NotImplementedError: a platform other than torch.
+    """
+    if _framework(device_mesh) != "torch":
+        raise NotImplementedError("rng_synced: only the torch platform exposes its RNG state")
+    plat = device_mesh.platform
+    seen = {_torch_state_digest()}
+    for m in range(device_mesh.ndim):
+        got = plat.all_gather_object(sorted(seen), device_mesh.get_group(m), device_mesh.shape[m])
+        seen = {s for lst in got for s in lst}
+    return len(seen) == 1
+
+
+def sync_rng_state(device_mesh: DeviceMesh) -> None:
+    """Give every rank of ``device_mesh`` the default-generator state of the mesh's
+    coordinate 0 (torch; one broadcast per mesh dim). A collective.
+
+    Raises:
+        NotImplementedError: a platform other than torch.
+    """
+    if _framework(device_mesh) != "torch":
+        raise NotImplementedError("sync_rng_state: only the torch platform exposes its RNG state")
+    import torch
+
+    plat = device_mesh.platform
+    state = torch.get_rng_state()
+    for m in range(device_mesh.ndim):
+        state = plat.broadcast(state, 0, device_mesh.get_group(m))
+    torch.set_rng_state(state)

@@ -1,0 +1,238 @@
+"""List ("foreach") ops — ``torch._foreach_add_``, ``_foreach_mul``, ``_foreach_lerp_``,
+``_foreach_addcmul_``, ``_foreach_addcdiv_``, ``_foreach_sqrt``, ``_foreach_norm``... as
+``torch.optim`` calls them with ``foreach=True`` (``rule: foreach``).
+
+A foreach op is decided **per element**: element ``i`` of every list argument, plus the
+arguments shared by all elements (a 0-d tensor scalar), form one elementwise call whose
+placements are searched on their own, exactly as the single-tensor op would be. The
+decisions are assembled into one layout (list outputs keep their order).
+
+Per element, the output may be sharded wherever the element's inputs are (broadcast inputs
+stay Replicate); Partial values follow ``partial:``, the element op's linearity:
+
+=================  ============================================================
+``partial``        Partial(op) kept (sum/avg)
+=================  ============================================================
+``none``           never: a Partial element is reduced first (sqrt, div by tensor...)
+``linear``         every element input Partial (add, sub, neg); not with a python
+                   scalar term (``_foreach_add_(xs, 1.0)``), which would be added once
+                   per rank
+``bilinear``       exactly one element input Partial, the others Replicate (mul)
+``first``          only the first (the numerator) Partial (div)
+``addcmul``        ``self`` and one of ``tensor1``/``tensor2`` Partial
+``addcdiv``        ``self`` and ``tensor1`` Partial
+``lerp``           ``self`` and ``end`` Partial (a tensor weight Replicate)
+``copy``           ``self`` and ``src`` with the same Partial op, any op (copy_)
+``any``            every placement of ``self`` passes (zero_)
+``gather``         none, and the element is gathered whole (norm: a 0-d result)
+=================  ============================================================
+
+In-place ops (a name ending in ``_``) keep every ``self`` element where it is: the other
+inputs are moved to fit. A Replicate parameter updated with a Partial(sum) gradient thus
+gets the gradient all-reduced first — the data-parallel all-reduce.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from ..dispatch.op import DistributedOp, Layout, OpCall
+from ..dispatch.search import SingleDimStrategy, search_strategy
+from ..errors import ShardingError
+from ..placement import Partial, Placement, Shard
+from ..redistribute.planner import cost_model_for
+from ..registry.models import RuleParams
+from . import register_rule
+from ._util import LINEAR_OPS, R, broadcast_shapes
+
+__all__ = ["ForeachOp", "ForeachParams", "element_strategies"]
+
+PartialMode = Literal[
+    "none", "linear", "bilinear", "first", "addcmul", "addcdiv", "lerp", "copy", "any", "gather"
+]
+_ROLE = re.compile(r"^(.*)\[(\d+)\]$")
+
+
+class ForeachParams(RuleParams):
+    partial: PartialMode = "none"
+    #: canonical names whose python scalars are additive terms (a scalar term forbids
+    #: keeping a Partial element, which would count it once per rank)
+    scalar_terms: list[str] = []
+
+
+def element_strategies(
+    shapes: list[tuple[int, ...]],
+    n_elem: int,
+    mode: str,
+    partial_ok: bool,
+    placements: list[tuple[Placement, ...]],
+) -> list[SingleDimStrategy]:
+    """Single-dim strategies of one element call.
+
+    Args:
+        shapes: global shapes of the element's inputs (element inputs first, then shared).
+        n_elem: how many of them are list elements (the rest are shared: always Replicate).
+        mode: the ``partial`` mode (see the module docstring).
+        partial_ok: False when a python scalar term forbids Partial outputs.
+        placements: the inputs' current placements (``any`` keeps every Partial op).
+    """
+    n_in = len(shapes)
+    if mode == "gather":
+        return []
+    out_shape = broadcast_shapes(*shapes)
+    nd = len(out_shape)
+    strategies: list[SingleDimStrategy] = []
+    for d in range(nd):
+        ins: list[Placement] = []
+        for s in shapes:
+            k = d - (nd - len(s))
+            ins.append(R if k < 0 or (s[k] == 1 and out_shape[d] != 1) else Shard(k))
+        strategies.append(((Shard(d),), tuple(ins)))
+    if not partial_ok:
+        return strategies
+    shared = [R] * (n_in - n_elem)
+
+    def add(ops: tuple[str, ...], *patterns: tuple[bool, ...]) -> None:
+        for op in ops:
+            p = Partial(op)
+            for pat in patterns:
+                if len(pat) == n_elem:
+                    strategies.append(((p,), tuple(p if f else R for f in pat) + tuple(shared)))
+
+    if mode == "linear":
+        add(LINEAR_OPS, (True,) * n_elem)
+    elif mode == "bilinear":
+        add(LINEAR_OPS, *[tuple(i == j for i in range(n_elem)) for j in range(n_elem)])
+    elif mode == "first":
+        add(LINEAR_OPS, (True,) + (False,) * (n_elem - 1))
+    elif mode == "addcmul":
+        add(LINEAR_OPS, (True, True, False), (True, False, True))
+    elif mode == "addcdiv":
+        add(LINEAR_OPS, (True, True, False))
+    elif mode == "lerp":
+        add(LINEAR_OPS, (True, True), (True, True, False))
+    elif mode in ("any", "copy"):
+        ops = tuple(dict.fromkeys(p.reduce_op for p in placements[0] if type(p) is Partial))
+        add(ops, (True,) * n_elem)
+    return strategies
+
+
+@register_rule("foreach")
+class ForeachOp(DistributedOp):
+    """A ``torch._foreach_*`` op, decided per element (see the module docstring).
+
+    Outputs: one DTensor per element: out of place, the broadcast shape of the element's
+    inputs (``gather`` mode: 0-d); in place, the ``self`` elements (torch returns them).
+
+    Raises:
+        ShardingError: lists of different lengths, or an in-place element whose ``self``
+            placements no strategy can keep (e.g. a Partial ``self`` plus a python scalar
+            term): redistribute it first.
+    """
+
+    Params = ForeachParams
+    signature = ("self", "other", "*args")
+
+    def infer_layout(self, call: OpCall) -> Layout:
+        # group the DTensor inputs: list elements by (argument, index); the rest is shared
+        groups: dict[str, dict[int, int]] = {}
+        shared: list[int] = []
+        for k, role in enumerate(call.arg_roles):
+            m = _ROLE.match(role)
+            if m:
+                groups.setdefault(m.group(1), {})[int(m.group(2))] = k
+            else:
+                shared.append(k)
+        if not groups:
+            raise ShardingError(
+                f"{call.describe()}: a foreach op needs lists of DTensors as its list arguments"
+            )
+        first = next(iter(groups))
+        n = max(groups[first]) + 1
+        if any(len(g) != n or max(g) + 1 != n for g in groups.values()):
+            raise ShardingError(
+                f"{call.describe()}: every tensor list must hold {n} DTensors (no plain tensors "
+                f"mixed in), got {[len(g) for g in groups.values()]}"
+            )
+        inplace = call.platform_name.endswith("_")
+        mode = self.params.partial
+        terms = set(self.params.scalar_terms)
+        has_term = any(_ROLE.sub(r"\1", name) in terms for name in call.scalars)
+        mesh = call.mesh
+        cm = cost_model_for(mesh)
+        rep = (R,) * mesh.ndim
+        shared_specs = [call.specs[k].with_placements(rep) for k in shared]
+        targets: list[Any] = [None] * len(call.specs)
+        for k in shared:
+            targets[k] = rep
+        outputs: list[tuple[Placement, ...] | None] = []
+        shapes: list[tuple[int, ...] | None] = []
+        cost = 0.0
+        memo: dict[tuple, Any] = {}
+        objs = _dtensor_ids(call)
+        for i in range(n):
+            idx = [g[i] for g in groups.values()]
+            specs = [call.specs[k] for k in idx] + shared_specs
+            # the same DTensor twice in one element (addcmul_(v, g, g)) gets one placement:
+            # the dispatcher substitutes redistributed inputs per object
+            same = _same_object_groups([objs[k] for k in idx])
+            key = (tuple(s.key for s in specs), same)
+            res = memo.get(key)
+            if res is None:
+                strategies = element_strategies(
+                    [s.shape for s in specs],
+                    len(idx),
+                    mode,
+                    not has_term,
+                    [s.placements for s in specs],
+                )
+                if same:
+                    strategies = [
+                        st
+                        for st in strategies
+                        if all(len({st[1][j] for j in g}) == 1 for g in same)
+                    ]
+                fixed = ((0,) if inplace else ()) + tuple(range(len(idx), len(specs)))
+                try:
+                    res = search_strategy(specs, strategies, 1, cm, fixed=fixed)
+                except ValueError:
+                    raise ShardingError(
+                        f"{call.describe()}: element {i} ({call.arg_roles[idx[0]]}, "
+                        f"{list(specs[0].placements)}) cannot be updated in place by "
+                        f"{call.platform_name} while keeping its placements"
+                        + (" (a python scalar term on a Partial value)" if has_term else "")
+                        + "; redistribute it first (e.g. to Replicate())"
+                    ) from None
+                memo[key] = res
+            for j, k in enumerate(idx):
+                targets[k] = res.inputs[j]
+            cost += res.cost
+            if inplace:  # the local op returns the self list: the elements as they are
+                outputs.append(specs[0].placements)
+                shapes.append(specs[0].shape)
+            else:
+                outputs.append(res.outputs[0])
+                el_shape = broadcast_shapes(*(s.shape for s in specs))
+                shapes.append(() if mode == "gather" else el_shape)
+        return Layout(targets, outputs, shapes, cost=cost)
+
+
+def _dtensor_ids(call: OpCall) -> list[int]:
+    """``id()`` of every DTensor input, in ``call.specs`` order (the dispatcher's flattening:
+    positional arguments, then keyword arguments, lists one level deep)."""
+    out: list[int] = []
+    for a in (*call.args, *call.kwargs.values()):
+        if hasattr(a, "_spec"):
+            out.append(id(a))
+        elif type(a) in (list, tuple):
+            out.extend(id(x) for x in a if hasattr(x, "_spec"))
+    return out
+
+
+def _same_object_groups(ids: list[int]) -> tuple[tuple[int, ...], ...]:
+    """Positions holding the same object, for every object held more than once."""
+    pos: dict[int, list[int]] = {}
+    for j, o in enumerate(ids):
+        pos.setdefault(o, []).append(j)
+    return tuple(tuple(p) for p in pos.values() if len(p) > 1)

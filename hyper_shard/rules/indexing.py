@@ -1,0 +1,388 @@
+"""Indexing: ``Tensor.__getitem__``, ``Tensor.__setitem__``, index_select, gather, scatter and
+scatter_add (``rule: index``, ``kind:`` picks the op).
+
+Semantics are torch's on the GLOBAL tensor (ints, slices with steps, None, Ellipsis, python
+bools, integer index DTensors and lists; as in torch, ints are applied first and the
+advanced indices' result dims go where the advanced indices are, or first when they are not
+adjacent). How a layout is decided:
+
+* dims an index *touches* (an int, a slice that is not the whole dim, an index tensor) are
+  gathered to Replicate in the indexed tensor; the other dims keep their shards;
+* an integer index DTensor may stay sharded: the result dims it produces carry its shards
+  (``weight[ids]`` with ``ids`` sharded on batch gives a batch-sharded result), while the
+  dims it indexes are Replicate in the indexed tensor;
+* ``Partial(op)`` of the indexed tensor passes through (selection commutes with any
+  elementwise reduction over ranks); index tensors are never Partial;
+* ``__setitem__`` writes in place: the target never moves. A sharded dim indexed by an int
+  or a slice is handled per rank (the index is shifted to the local shard and the value
+  narrowed to the part this rank holds); a Partial target gets the value once (Partial
+  value, or a scalar written on coordinate 0 for ``sum``); a boolean mask DTensor is
+  aligned with the target's shards and written locally (``x[mask] = v``); writing through
+  an index tensor into a sharded dim raises (redistribute the target first);
+* a boolean-mask READ (``x[mask]``) has a result shape that depends on the mask's values,
+  which a cached sharding decision cannot hold: it raises, naming the alternatives.
+
+Index tensors must be DTensors (the dispatcher refuses plain tensors with dimensions mixed
+with DTensors); python ints, slices, lists and 0-d tensors are fine.
+
+index_select and gather gather the indexed dim of ``input``; the index may stay sharded
+(the output follows it). scatter/scatter_add keep shards on dims where input, index and
+src have the same size; ``scatter_add`` keeps ``Partial(sum)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from ..dispatch.op import Layout, OpCall
+from ..errors import ShardingError
+from ..placement import Partial, Placement, Shard
+from ..registry.models import RuleParams
+from . import register_rule
+from ._index_model import IndexForm, local_slice, parse_index
+from ._util import R, normalize_dim
+from .tensor_create import scalar_off_coordinate0 as _scalar_off_coordinate0
+from .tensor_ops import OpPlan, PlannedOp, as_int, keep_strategies, partials_of
+
+__all__ = ["IndexOp", "IndexParams", "IndexForm", "parse_index"]
+
+IndexKind = Literal["getitem", "setitem", "index_select", "gather", "scatter", "scatter_add"]
+
+_SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "getitem": (("input", "indices"), ("indices",)),
+    "setitem": (("input", "indices", "value"), ("indices",)),
+    "index_select": (("input", "dim", "index"), ("dim",)),
+    "gather": (("input", "dim", "index", "sparse_grad"), ("dim",)),
+    "scatter": (("input", "dim", "index", "src", "reduce"), ("dim", "reduce")),
+    "scatter_add": (("input", "dim", "index", "src"), ("dim",)),
+}
+
+
+class _CheckedGetitem:
+    """The local ``x[index]``, refusing an index whose list/tuple form differs from the one
+    the cached decision was made for (the two forms share a cache key)."""
+
+    __slots__ = ("form",)
+
+    def __init__(self, form: type) -> None:
+        self.form = form
+
+    def __call__(self, x: Any, index: Any) -> Any:
+        if type(index) is not self.form:
+            raise ShardingError(
+                f"Tensor.__getitem__: an index given as a {type(index).__name__} after the same "
+                f"values as a {self.form.__name__}: pass one form consistently (a tuple of "
+                f"ints indexes several dims, a list of ints is one index tensor)"
+            )
+        return x[index]
+
+
+class _LocalSetitem:
+    """The local ``x[index] = value`` for a target sharded on dims the index slices: the
+    items on those dims are replaced by their local form, the value narrowed to match; a
+    rank holding none of the written elements writes nothing."""
+
+    __slots__ = ("tuple_form", "replace", "noop", "narrow", "scalar")
+
+    def __init__(
+        self,
+        tuple_form: bool,
+        replace: dict[int, Any],
+        noop: bool,
+        narrow: list[tuple[int, int, int]],
+        scalar: Any,
+    ) -> None:
+        self.tuple_form, self.replace, self.noop = tuple_form, replace, noop
+        self.narrow, self.scalar = narrow, scalar
+
+    def __call__(self, x: Any, index: Any, value: Any) -> None:
+        if self.noop:
+            # this rank holds none of the written elements; a value that needs a gradient
+            # still gets one (zeros): add an empty sum (exactly 0, never NaN) into x
+            if getattr(value, "requires_grad", False):
+                x.add_(value.reshape(-1)[:0].sum().to(x.dtype))
+            return None
+        items = list(index) if self.tuple_form else [index]
+        for pos, v in self.replace.items():
+            items[pos] = v
+        if self.scalar is not None:
+            value = self.scalar
+        for d, start, length in self.narrow:
+            value = value.narrow(d, start, length)
+        x[tuple(items) if self.tuple_form or self.replace else items[0]] = value
+        return None
+
+
+# ---------------------------------------------------------------------- the rule
+class IndexParams(RuleParams):
+    """``kind``: which indexing op the entry is (see the module docstring)."""
+
+    kind: IndexKind
+
+
+@register_rule("index")
+class IndexOp(PlannedOp):
+    """Indexing ops (see the module docstring); semantics as torch on global shapes.
+
+    Raises:
+        ShardingError: a boolean-mask read (data-dependent shape), a write through an index
+            tensor into a sharded dim, or arguments torch would reject (naming the call).
+        IndexError: an index out of range, too many indices.
+        TypeError: an index of a type torch refuses.
+    """
+
+    Params = IndexParams
+
+    def __init__(self, name: str, params: Any = None) -> None:
+        super().__init__(name, params)
+        self.use_signature(*_SIGNATURES[self.params.kind])
+
+    def plan(self, call: OpCall) -> OpPlan:
+        return getattr(self, f"_plan_{self.params.kind}")(call)
+
+    def infer_layout(self, call: OpCall) -> Layout:
+        if self.params.kind == "setitem":
+            try:
+                return self._setitem_layout(call)
+            except ShardingError:
+                raise
+            except (IndexError, TypeError) as e:
+                raise type(e)(f"{call.describe()}: {e}") from None
+            except ValueError as e:
+                raise ShardingError(f"{call.describe()}: {e}") from None
+        return super().infer_layout(call)
+
+    # -- __getitem__ --------------------------------------------------------------
+    def _index(self, call: OpCall) -> Any:
+        return call.get("indices")
+
+    def _plan_getitem(self, call: OpCall) -> OpPlan:
+        x = call.specs[0]
+        if call.arg_roles[0] != "input":
+            raise ShardingError(
+                f"{call.describe()}: indexing a plain tensor with DTensor indices; make the "
+                f"indexed tensor a DTensor (distribute_tensor) or index with plain tensors"
+            )
+        index = self._index(call)
+        form = parse_index(x.shape, index)
+        if form.masks:
+            raise ShardingError(
+                f"{call.describe()}: x[mask] with a boolean mask DTensor has a result shape that "
+                f"depends on the mask's values, which a sharding decision cannot know; use "
+                f"torch.where(mask, x, 0) or x.masked_fill(~mask, 0) (same shape), write with "
+                f"x[mask] = value, or index the full tensors: x.full_tensor()[mask.full_tensor()]"
+            )
+        n_in = len(call.specs)
+        maps: list[dict[int, int] | None] = [form.keep] + [None] * (n_in - 1)
+        for i, m in form.adv_out.items():
+            maps[i] = m
+        strategies = keep_strategies(maps, 1, partials_of([x]), [True] + [False] * (n_in - 1))
+        plan = OpPlan([tuple(int(s) for s in form.out_shape)], strategies)  # type: ignore[arg-type]
+        if isinstance(index, (list, tuple)) and not any(
+            it.kind in ("slice", "new", "ellipsis") or it.spec is not None for it in form.items
+        ):
+            checker = _CheckedGetitem(type(index))
+
+            def local(layout: Layout) -> Layout:
+                layout.impl = checker
+                return layout
+
+            plan.local = local
+        return plan
+
+    # -- __setitem__ --------------------------------------------------------------
+    def _setitem_layout(self, call: OpCall) -> Layout:
+        x = call.specs[0]
+        if call.arg_roles[0] != "input":
+            raise ShardingError(
+                f"{call.describe()}: writing into a plain tensor with DTensor indices or values; "
+                f"make the target a DTensor, or use plain tensors (to_local()/full_tensor())"
+            )
+        index = self._index(call)
+        form = parse_index(x.shape, index)
+        n_idx = sum(1 for it in form.items if it.spec is not None)
+        has_value = len(call.specs) > 1 + n_idx
+        vspec = call.specs[-1] if has_value else None
+        mesh = call.mesh
+        coord = mesh.get_coordinate()
+        targets: list[tuple[Placement, ...] | None] = [None] * len(call.specs)
+        idx_t: dict[int, list[Placement]] = {
+            it.spec: [] for it in form.items if it.spec is not None
+        }
+        val_t: list[Placement] = []
+        out_nd = len(form.out_shape)
+        mask_dims = {d: (it, j) for it in form.masks for j, d in enumerate(it.dims)}
+        for p in x.placements:
+            vp: Placement = R
+            if type(p) is Shard:
+                d = p.dim
+                if d in form.keep:
+                    vp = _value_shard(vspec, form, form.keep[d], out_nd)
+                elif d in mask_dims:
+                    it, j = mask_dims[d]
+                    assert it.spec is not None
+                    idx_t[it.spec].append(Shard(j))
+                    for k in idx_t:
+                        if k != it.spec:
+                            idx_t[k].append(R)
+                    val_t.append(R)
+                    continue
+                elif d in form.ints and form.ints[d].value is None:
+                    raise ShardingError(
+                        f"{call.describe()}: a tensor used as an int index into dim {d}, which "
+                        f"the target shards ({p}); index it with a python int"
+                    )
+                elif d not in form.ints and d not in form.slices:
+                    raise ShardingError(
+                        f"{call.describe()}: writing through an index tensor into dim {d}, which "
+                        f"the target shards ({p}) in place; redistribute the target so that dim "
+                        f"is Replicate first (x = x.redistribute(mesh, ...)), or use index_put "
+                        f"on a replicated copy"
+                    )
+            elif type(p) is Partial:
+                vp = p
+            for k in idx_t:
+                idx_t[k].append(R)
+            val_t.append(vp)
+        for k, pls in idx_t.items():
+            targets[k] = tuple(pls)
+        if vspec is not None:
+            _check_value_shape(vspec.shape, form.out_shape)
+            targets[-1] = tuple(val_t)
+        layout = Layout(targets, [], [])
+        if coord is None:
+            return layout
+        # rank-local rewrite of ints/slices on sharded dims; scalars once on Partial(sum)
+        local, off = x.local_shape_and_offset()
+        replace: dict[int, Any] = {}
+        narrow: list[tuple[int, int, int]] = []
+        noop = False
+        sharded = {p.dim for p in x.placements if type(p) is Shard}
+        for d, it in form.ints.items():
+            if d in sharded:
+                i = it.value % x.shape[d]
+                if off[d] <= i < off[d] + local[d]:
+                    replace[it.pos] = i - off[d]
+                else:
+                    noop = True
+        for d, (it, o) in form.slices.items():
+            if d in sharded:
+                sl, k0, cnt = local_slice(it.value, x.shape[d], off[d], local[d])
+                if sl is None:
+                    noop = True
+                    continue
+                replace[it.pos] = sl
+                if vspec is not None:
+                    vd = o - (out_nd - vspec.ndim)
+                    if vd >= 0 and vspec.shape[vd] != 1:
+                        narrow.append((vd, k0, cnt))
+        scalar = None
+        if "value" in call.scalars:
+            scalar = _scalar_off_coordinate0(call, x.placements, call.scalars["value"])
+        if replace or noop or scalar is not None:
+            layout.impl = _LocalSetitem(form.tuple_form, replace, noop, narrow, scalar)
+        return layout
+
+    # -- index_select / gather / scatter ------------------------------------------
+    def _dim(self, call: OpCall, ndim: int) -> int:
+        return normalize_dim(as_int(call.static.get("dim"), "dim"), ndim, "dim")
+
+    def _index_spec(self, call: OpCall, role: str = "index") -> Any:
+        for s, r in zip(call.specs, call.arg_roles):
+            if r == role:
+                return s
+        return None
+
+    def _plan_index_select(self, call: OpCall) -> OpPlan:
+        x = call.specs[0]
+        dim = self._dim(call, x.ndim)
+        idx = self._index_spec(call)
+        if idx is not None and idx.ndim > 1:
+            raise IndexError("index_select(): Index is supposed to be a vector")
+        count = 1 if idx is None else math.prod(idx.shape)
+        shape = list(x.shape)
+        if x.ndim:
+            shape[dim] = count
+        maps: list[dict[int, int] | None] = [{d: d for d in range(x.ndim) if d != dim}]
+        if idx is not None:
+            maps.append({0: dim} if idx.ndim == 1 and x.ndim else None)
+        strategies = keep_strategies(maps, 1, partials_of([x]), [True] + [False] * (len(maps) - 1))
+        return OpPlan([tuple(shape)], strategies)
+
+    def _plan_gather(self, call: OpCall) -> OpPlan:
+        x = call.specs[0]
+        idx = self._index_spec(call)
+        dim = self._dim(call, x.ndim)
+        if idx is None:
+            raise ShardingError(f"{call.describe()}: gather needs its index as a DTensor")
+        if idx.ndim != x.ndim:
+            if math.prod(idx.shape) == 0:  # torch accepts an empty index of any rank
+                return OpPlan([idx.shape], [])
+            raise ValueError("Index tensor must have the same number of dimensions as input tensor")
+        same = {k for k in range(x.ndim) if k != dim and x.shape[k] == idx.shape[k]}
+        maps = [{k: k for k in same}, {k: k for k in range(idx.ndim) if k == dim or k in same}]
+        strategies = keep_strategies(maps, 1, partials_of([x]), [True, False])
+        return OpPlan([idx.shape], strategies)
+
+    def _plan_scatter(self, call: OpCall) -> OpPlan:
+        x = call.specs[0]
+        dim = self._dim(call, x.ndim)
+        idx = self._index_spec(call)
+        src = self._index_spec(call, "src")
+        if idx is None:
+            raise ShardingError(f"{call.describe()}: scatter needs its index as a DTensor")
+        others = [s for s in (idx, src) if s is not None]
+        same = {
+            k
+            for k in range(x.ndim)
+            if k != dim and all(s.ndim == x.ndim and s.shape[k] == x.shape[k] for s in others)
+        }
+        keep = {k: k for k in same}
+        maps: list[dict[int, int] | None] = [keep] * len(call.specs)
+        flags = [r in ("input", "src") for r in call.arg_roles]
+        partials: list[Partial] = []
+        if src is not None and call.static.get("reduce") is None:
+            ops = ("sum", "avg") if self.params.kind == "scatter_add" else None
+            partials = [p for p in partials_of([x]) if ops is None or p.reduce_op in ops]
+        return OpPlan([x.shape], keep_strategies(maps, 1, partials, flags))
+
+    _plan_scatter_add = _plan_scatter
+
+
+def _value_shard(vspec: Any, form: IndexForm, o: int, out_nd: int) -> Placement:
+    """The value's placement where the target is sharded on an untouched dim landing on
+    result dim ``o``: sharded alike where the value has that dim at full size."""
+    if vspec is None:
+        return R
+    vd = o - (out_nd - vspec.ndim)
+    size = form.out_shape[o]
+    if vd >= 0 and size is not None and vspec.shape[vd] == size and size != 1:
+        return Shard(vd)
+    return R
+
+
+def _check_value_shape(vshape: Sequence[int], out: Sequence[int | None]) -> None:
+    lead = len(out) - len(vshape)
+    for k, n in enumerate(vshape):
+        o = k + lead
+        if o < 0:
+            if n != 1:
+                raise ValueError(
+                    f"shape mismatch: value tensor of shape {list(vshape)} cannot be broadcast "
+                    f"to indexing result of shape {list(out)}"
+                )
+            continue
+        want = out[o]
+        if n != 1 and want is not None and n != want:
+            raise ValueError(
+                f"shape mismatch: value tensor of shape {list(vshape)} cannot be broadcast to "
+                f"indexing result of shape {list(out)}"
+            )
+        if want is None and n != 1:
+            raise ShardingError(
+                f"a value of shape {list(vshape)} for a boolean-mask write: its leading dim would "
+                f"have to match the mask's number of True elements, which is data-dependent; "
+                f"write a scalar or a value broadcast over the masked elements"
+            )

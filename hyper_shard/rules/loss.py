@@ -1,0 +1,319 @@
+"""Losses on logits: ``cross_entropy``/``nll_loss``, the ``loss_parallel()`` switch, and
+``log_softmax`` along a sharded dim.
+
+``cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100,
+reduce=None, reduction='mean', label_smoothing=0.0)`` and ``nll_loss`` (no smoothing).
+Global shapes: ``input (N, C, d1...)`` or ``(C,)``; class dim ``1`` (``0`` for a 1-d
+input); ``target`` class indices ``(N, d1...)`` (or ``()``), or class probabilities of
+``input``'s shape; ``weight (C,)`` (a Replicate DTensor; it receives no gradient, as in
+torch). Output: ``(N, d1...)`` for ``reduction='none'``, else ``()``.
+
+Per mesh dim:
+
+* **batch-sharded** (any non-class dim of ``input`` and the same dim of ``target``):
+  ``'none'`` keeps the shard; ``'sum'`` gives ``Partial(sum)``; ``'mean'`` gives
+  ``Partial(sum)`` of ``local sum / global denominator`` — the denominator (the number of
+  non-ignored targets, or the sum of their class weights; the sample count for probability
+  targets) is exact: one scalar all-reduce over the batch-sharding mesh dims (PyTorch's
+  local mean would be wrong for uneven shards and ignored targets);
+* **class-sharded** input (vocab parallel): inside :func:`hyper_shard.parallel.loss_parallel`
+  the loss is computed without gathering the logits (max and sum-exp all-reduces, the
+  target logit taken on the rank owning the class), ``Partial(sum)`` over the class mesh
+  dims, ``label_smoothing``, ``ignore_index`` and ``weight`` (sharded with the classes)
+  included. Outside ``loss_parallel()`` the call raises :class:`ShardingError` saying to
+  wrap it or redistribute (only a class dim the caller already sharded is kept so);
+* ``nll_loss`` is linear in its input: a ``Partial(sum|avg)`` input stays Partial.
+
+Anything else is gathered. The layout cache does not see the ``loss_parallel`` switch: a
+class-sharded decision checks it each call, so a cached decision raises outside the
+context too.
+
+``log_softmax`` along a sharded dim (rule ``log_softmax``, an extension of
+:mod:`hyper_shard.rules.softmax`) is computed in place, in and outside ``loss_parallel``:
+max and sum-exp all-reduces, output sharded like the input, with the TRUE backward
+``g - softmax(x) * sum(g)`` (PyTorch DTensor's ``loss_parallel`` backward assumes an
+``nll_loss`` follows and is wrong for ``log_softmax`` used alone).
+
+The kernels use torch's calling convention and are installed for torch functions only;
+on other platforms a class-sharded input or a sharded ``'mean'`` is gathered.
+
+Semantics follow ``torch.nn.functional.cross_entropy`` / ``nll_loss`` / ``log_softmax``.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..dispatch.op import DistributedOp, Layout, OpCall
+from ..dispatch.search import SingleDimStrategy
+from ..errors import ShardingError
+from ..placement import Partial, Placement, Shard, normalize_placements
+from ..registry.models import RuleParams
+from ..spec import compute_local_shape_and_offset
+from . import register_rule
+from ._util import LINEAR_OPS, R
+from .softmax import SoftmaxOp
+
+__all__ = [
+    "LossOp",
+    "LossParams",
+    "ShardedLogSoftmaxOp",
+    "loss_parallel_enabled",
+    "LOSS_PARALLEL",
+    "legacy_reduction",
+]
+
+#: depth of nested ``loss_parallel()`` contexts in the current thread/task
+LOSS_PARALLEL: ContextVar[int] = ContextVar("hyper_shard_loss_parallel", default=0)
+
+
+def loss_parallel_enabled() -> bool:
+    """True inside :func:`hyper_shard.parallel.loss_parallel` (this thread/task only)."""
+    return LOSS_PARALLEL.get() > 0
+
+
+def legacy_reduction(size_average: Any, reduce: Any, reduction: Any) -> str:
+    """The reduction string, honouring the deprecated ``size_average``/``reduce`` flags as
+    ``torch.nn._reduction.legacy_get_string`` does.
+
+    Raises:
+        ValueError: an unknown reduction.
+    """
+    if size_average is not None or reduce is not None:
+        sa = True if size_average is None else bool(size_average)
+        rd = True if reduce is None else bool(reduce)
+        reduction = "none" if not rd else "mean" if sa else "sum"
+    reduction = "mean" if reduction is None else reduction
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"{reduction!r} is not a valid value for reduction")
+    return str(reduction)
+
+
+def _is_torch_name(name: str) -> bool:
+    return name.startswith(("torch.", "Tensor."))
+
+
+def _is_float(dtype: Any) -> bool:
+    s = str(dtype).rsplit(".", 1)[-1].lower()
+    return any(k in s for k in ("float", "half", "double"))
+
+
+def _groups(mesh: Any, dims: list[int]) -> tuple:
+    return () if mesh.is_abstract else tuple(mesh.get_group(m) for m in dims)
+
+
+@dataclass(frozen=True)
+class _Form:
+    i_in: int
+    i_t: int
+    i_w: int | None
+    class_dim: int
+    prob: bool
+    reduction: str
+
+
+class LossParams(RuleParams):
+    kind: Literal["cross_entropy", "nll_loss"] = "cross_entropy"
+
+
+@register_rule("loss")
+class LossOp(DistributedOp):
+    """``cross_entropy``/``nll_loss`` (see the module docstring).
+
+    Raises:
+        ShardingError: input or target is not a DTensor, shapes that do not match, a
+            DTensor argument other than input/target/weight, probability targets for
+            ``nll_loss``, or (at run time) class-sharded input outside ``loss_parallel()``.
+    """
+
+    Params = LossParams
+    signature = (
+        "input",
+        "target",
+        "weight",
+        "size_average",
+        "ignore_index",
+        "reduce",
+        "reduction",
+        "label_smoothing",
+    )
+    static_args = ("size_average", "reduce", "reduction")
+
+    def form(self, call: OpCall) -> _Form:
+        roles = call.arg_roles
+        for r in roles:
+            if r not in ("input", "target", "weight"):
+                raise ShardingError(
+                    f"{call.describe()}: unexpected DTensor argument {r!r}; only input, target "
+                    f"and weight may be DTensors"
+                )
+        for r in ("input", "target"):
+            if r not in roles:
+                raise ShardingError(
+                    f"{call.describe()}: {r} must be a DTensor too when any input is one; "
+                    f"distribute it (e.g. distribute_tensor(t, mesh, [Replicate()]))"
+                )
+        i_in, i_t = roles.index("input"), roles.index("target")
+        i_w = roles.index("weight") if "weight" in roles else None
+        x, t = call.specs[i_in], call.specs[i_t]
+        if x.ndim == 0:
+            raise ShardingError(f"{call.describe()}: input needs at least 1 dim (classes)")
+        cd = 1 if x.ndim >= 2 else 0
+        prob = _is_float(t.dtype)
+        if prob and self.params.kind == "nll_loss":
+            raise ShardingError(
+                f"{call.describe()}: nll_loss expects class-index targets (an integer "
+                f"DTensor), got {t.dtype}"
+            )
+        want = x.shape if prob else x.shape[:cd] + x.shape[cd + 1 :]
+        if tuple(t.shape) != tuple(want):
+            raise ShardingError(
+                f"{call.describe()}: target of shape {list(t.shape)} does not fit input of "
+                f"shape {list(x.shape)} (expected {list(want)}: "
+                f"{'class probabilities' if prob else 'class indices'})"
+            )
+        if i_w is not None and tuple(call.specs[i_w].shape) != (x.shape[cd],):
+            raise ShardingError(
+                f"{call.describe()}: weight of shape {list(call.specs[i_w].shape)} must have "
+                f"shape [{x.shape[cd]}] (one weight per class)"
+            )
+        st = call.static
+        red = legacy_reduction(
+            st.get("size_average", call.get("size_average")),
+            st.get("reduce", call.get("reduce")),
+            st.get("reduction", call.get("reduction", "mean")),
+        )
+        return _Form(i_in, i_t, i_w, cd, prob, red)
+
+    def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
+        f = self.form(call)
+        x = call.specs[f.i_in]
+        if f.reduction != "none":
+            return [()]
+        return [x.shape[: f.class_dim] + x.shape[f.class_dim + 1 :]]
+
+    def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
+        f = self.form(call)
+        x = call.specs[f.i_in]
+        n = len(call.specs)
+        torch_call = _is_torch_name(call.platform_name)
+        out: list[SingleDimStrategy] = []
+        psum = Partial("sum")
+        if torch_call or f.reduction != "mean":
+            for d in range(x.ndim):
+                if d == f.class_dim:
+                    continue
+                od = d if d < f.class_dim else d - 1
+                ins: list[Placement] = [R] * n
+                ins[f.i_in] = Shard(d)
+                ins[f.i_t] = Shard(d if f.prob else od)
+                o = Shard(od) if f.reduction == "none" else psum
+                out.append(((o,), tuple(ins)))
+        if torch_call:
+            ins = [R] * n
+            ins[f.i_in] = Shard(f.class_dim)
+            ins[f.i_t] = Shard(f.class_dim) if f.prob else R
+            if f.i_w is not None:
+                ins[f.i_w] = Shard(0)
+            out.append(((psum,), tuple(ins)))
+        if self.params.kind == "nll_loss":
+            for op in LINEAR_OPS:
+                ins = [R] * n
+                ins[f.i_in] = Partial(op)
+                out.append(((Partial(op),), tuple(ins)))
+        return out
+
+    def accept(self, call: OpCall, inputs: tuple, outputs: tuple) -> bool:
+        """Keep the class dim sharded only where the caller sharded it (never shard it to
+        fit the rule)."""
+        f = self.form(call)
+        x = call.specs[f.i_in]
+        cls = Shard(f.class_dim)
+        tgt = normalize_placements(inputs[f.i_in], call.mesh.ndim, x.ndim)
+        return all(p != cls or x.placements[m] == cls for m, p in enumerate(tgt))
+
+    def expand_impl(self, call: OpCall, layout: Layout) -> Layout:
+        if not _is_torch_name(call.platform_name) or call.mesh.get_coordinate() is None:
+            return layout
+        f = self.form(call)
+        mesh = call.mesh
+        x = call.specs[f.i_in]
+        tin = layout.inputs[f.i_in]
+        pl = normalize_placements(tin if tin is not None else x.placements, mesh.ndim, x.ndim)
+        class_dims = [m for m, p in enumerate(pl) if type(p) is Shard and p.dim == f.class_dim]
+        batch_dims = [m for m, p in enumerate(pl) if type(p) is Shard and p.dim != f.class_dim]
+        prob_count = None
+        if f.prob:
+            prob_count = 1
+            for d, s in enumerate(x.shape):
+                prob_count *= s if d != f.class_dim else 1
+        kind = self.params.kind
+        if class_dims:
+            from ..platform.torch.kernels.loss import ClassParallelLoss
+
+            _, off = compute_local_shape_and_offset(x.shape, mesh.shape, pl, mesh.get_coordinate())
+            layout.impl = ClassParallelLoss(
+                call.binder or self.binder,
+                kind,
+                call.platform,
+                call.describe(),
+                f.class_dim,
+                off[f.class_dim],
+                x.shape[f.class_dim],
+                _groups(mesh, class_dims),
+                _groups(mesh, batch_dims),
+                f.reduction,
+                prob_count,
+            )
+        elif f.reduction == "mean" and batch_dims:
+            from ..platform.torch.kernels.loss import GlobalMeanLoss
+
+            layout.impl = GlobalMeanLoss(
+                call.binder or self.binder,
+                kind,
+                call.platform,
+                _groups(mesh, batch_dims),
+                prob_count,
+            )
+        return layout
+
+
+@register_rule("log_softmax")
+class ShardedLogSoftmaxOp(SoftmaxOp):
+    """``log_softmax``: the softmax rule, plus the normalised dim kept sharded (computed
+    without gathering, exact forward and backward; see the module docstring)."""
+
+    def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
+        out = super().single_dim_strategies(call)
+        if _is_torch_name(call.platform_name):
+            d = self._dim(call)
+            out.append(((Shard(d),), (Shard(d),)))
+        return out
+
+    def accept(self, call: OpCall, inputs: tuple, outputs: tuple) -> bool:
+        """Keep the normalised dim sharded only where the caller sharded it (a free local
+        chunk must not class-shard a Replicate input behind the caller's back)."""
+        spec = call.specs[0]
+        sd = Shard(self._dim(call))
+        tgt = normalize_placements(inputs[0], call.mesh.ndim, spec.ndim)
+        return all(p != sd or spec.placements[m] == sd for m, p in enumerate(tgt))
+
+    def expand_impl(self, call: OpCall, layout: Layout) -> Layout:
+        if not _is_torch_name(call.platform_name) or call.mesh.get_coordinate() is None:
+            return layout
+        d = self._dim(call)
+        spec = call.specs[0]
+        tin = layout.inputs[0]
+        pl = normalize_placements(
+            tin if tin is not None else spec.placements, call.mesh.ndim, spec.ndim
+        )
+        dims = [m for m, p in enumerate(pl) if type(p) is Shard and p.dim == d]
+        if dims:
+            from ..platform.torch.kernels.loss import ShardedLogSoftmax
+
+            layout.impl = ShardedLogSoftmax(
+                call.binder or self.binder, call.platform, d, _groups(call.mesh, dims)
+            )
+        return layout

@@ -1,0 +1,484 @@
+"""Tensor ops that move, join, split or mask whole slices: cat/concat, stack, split, chunk,
+unbind, narrow, select, flip, repeat, triu/tril (``rule: tensor_op``, ``kind:`` picks the op).
+
+Semantics (global shapes, dims, errors) are those of the torch functions of the same names.
+How a layout is decided:
+
+* the dims the op *touches* (the cat/split/narrow/select/flip dim, a repeated dim) are
+  gathered to Replicate: the op's local call then sees the whole extent of that dim and its
+  global arguments (split sizes, narrow start, select index) are right as they are;
+* every other dim keeps its shard (moved to its output position): its extent is unchanged,
+  so the local pieces are exactly the ``torch.chunk`` shards of the output;
+* ``Partial(op)`` stays ``Partial(op)`` for every reduce op (these ops only move, repeat or
+  zero elements, which commutes with an elementwise reduction over ranks); cat/stack need
+  every input Partial with the same op;
+* triu/tril keep shards on the matrix dims too: the local call gets the diagonal shifted
+  by the shard's global row/column offsets (``diagonal + row_offset - col_offset``), a
+  rank-local argument (:attr:`~hyper_shard.dispatch.op.Layout.overrides`).
+
+:class:`PlannedOp` is the small base the indexing and embedding families share too: a rule
+returns an :class:`OpPlan` (output shapes + single-dim strategies + an optional rank-local
+step) and the base searches the cheapest inputs.
+
+``rule: where`` is ``torch.where(condition, input, other)`` (the pointwise rule) that
+refuses the one-argument form, whose result shape depends on the values.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..dispatch.op import Binder, DistributedOp, Layout, OpCall
+from ..dispatch.search import SingleDimStrategy, search_strategy
+from ..errors import ShardingError
+from ..placement import Partial, Placement, Shard
+from ..redistribute.planner import cost_model_for
+from ..registry.models import RuleParams
+from ..spec import compute_local_shape_and_offset
+from . import register_rule
+from ._util import R, normalize_dim
+from .pointwise import PointwiseOp
+
+__all__ = [
+    "OpPlan",
+    "PlannedOp",
+    "TensorOp",
+    "TensorOpParams",
+    "keep_strategies",
+    "partials_of",
+    "as_int",
+    "split_sizes",
+    "chunk_sizes_torch",
+    "WhereOp",
+]
+
+
+# ---------------------------------------------------------------------- shared machinery
+@dataclass
+class OpPlan:
+    """What a planned op does to one call signature.
+
+    Attributes:
+        shapes: global output shapes (one per output tensor).
+        strategies: single-dim strategies ``(outputs, inputs)`` over ``call.specs``.
+        local: optional ``local(layout) -> layout`` adding rank-local overrides or an
+            implementation once the placements are decided.
+        fixed: inputs that may not move (default: ``self`` of an in-place call).
+        accept: optional N-D check (see :func:`~hyper_shard.dispatch.search.search_strategy`).
+    """
+
+    shapes: list[tuple[int, ...]]
+    strategies: list[SingleDimStrategy] = field(default_factory=list)
+    local: Callable[[Layout], Layout] | None = None
+    fixed: tuple[int, ...] | None = None
+    accept: Callable[[tuple, tuple], bool] | None = None
+
+
+class PlannedOp(DistributedOp):
+    """Base of rules that describe a call by an :class:`OpPlan` (see the module docstring).
+
+    Subclasses implement :meth:`plan`; errors a global-shape check raises there
+    (``IndexError``, ``TypeError``, ``ValueError``) are re-raised naming the call.
+    """
+
+    def plan(self, call: OpCall) -> OpPlan:
+        raise NotImplementedError
+
+    def use_signature(self, sig: Sequence[str], static: Sequence[str]) -> None:
+        """Set the canonical signature and static args of a ``kind`` (unless the YAML entry
+        gives its own)."""
+        if self.params.signature is None:
+            self.binder = self.binders["torch"] = Binder(sig)
+            if self.params.mindspore_signature is None:
+                self.binders["mindspore"] = self.binder
+        if self.params.static_args is None:
+            self.static_names = tuple(static)
+
+    def checked_plan(self, call: OpCall) -> OpPlan:
+        try:
+            return self.plan(call)
+        except ShardingError:
+            raise
+        except IndexError as e:
+            raise IndexError(f"{call.describe()}: {e}") from None
+        except TypeError as e:
+            raise TypeError(f"{call.describe()}: {e}") from None
+        except ValueError as e:
+            raise ShardingError(
+                f"{call.describe()}: {e} (sizes, dims and indices are GLOBAL, as for the full "
+                f"tensor)"
+            ) from None
+
+    def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
+        return list(self.checked_plan(call).shapes)
+
+    def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
+        return self.checked_plan(call).strategies
+
+    def infer_layout(self, call: OpCall) -> Layout:
+        plan = self.checked_plan(call)
+        fixed = plan.fixed if plan.fixed is not None else ((0,) if call.inplace else ())
+        try:
+            res = search_strategy(
+                call.specs,
+                plan.strategies,
+                len(plan.shapes),
+                cost_model_for(call.mesh),
+                fixed=fixed,
+                accept=plan.accept,
+            )
+        except ValueError:
+            raise ShardingError(
+                f"{call.describe()}: no sharding of the inputs fits {call.platform_name} while "
+                f"keeping the in-place target's placements; redistribute it first (e.g. to "
+                f"Replicate()), or use the out-of-place op"
+            ) from None
+        layout = Layout(list(res.inputs), list(res.outputs), list(plan.shapes), cost=res.cost)
+        return plan.local(layout) if plan.local is not None else layout
+
+
+def partials_of(specs: Sequence[Any]) -> list[Partial]:
+    """The distinct Partial placements the given specs carry, in order of appearance."""
+    return list(dict.fromkeys(p for s in specs for p in s.placements if type(p) is Partial))
+
+
+def keep_strategies(
+    dim_maps: Sequence[dict[int, int] | None],
+    n_out: int,
+    partials: Sequence[Partial] = (),
+    partial_inputs: Sequence[bool] | None = None,
+) -> list[SingleDimStrategy]:
+    """Strategies of an op whose inputs keep their shards on mapped dims.
+
+    Args:
+        dim_maps: per input, ``{input dim: output dim}`` for the dims that may stay sharded
+            (None: that input must be Replicate whenever the output is sharded).
+        n_out: number of outputs (all placed alike).
+        partials: Partial placements that pass through.
+        partial_inputs: per input, whether it is Partial in a Partial strategy (the others
+            are Replicate); default every input.
+    """
+    outs: dict[int, list[Placement]] = {}
+    n_in = len(dim_maps)
+    for i, m in enumerate(dim_maps):
+        for d, o in (m or {}).items():
+            outs.setdefault(o, [R] * n_in)[i] = Shard(d)
+    strategies: list[SingleDimStrategy] = [
+        ((Shard(o),) * n_out, tuple(ins)) for o, ins in sorted(outs.items())
+    ]
+    flags = partial_inputs if partial_inputs is not None else [True] * n_in
+    for p in partials:
+        strategies.append(((p,) * n_out, tuple(p if f else R for f in flags)))
+    return strategies
+
+
+def as_int(v: Any, what: str) -> int:
+    """``v`` as a python int (ints, 0-d integer tensors, numpy ints).
+
+    Raises:
+        TypeError: not an integer.
+    """
+    if isinstance(v, bool):
+        raise TypeError(f"{what} must be an int, got {v!r}")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {type(v).__name__} {v!r}") from None
+
+
+def split_sizes(extent: int, split: Any) -> list[int]:
+    """Piece sizes of ``torch.split(x, split, dim)`` along a dim of ``extent`` elements.
+
+    Raises:
+        ValueError: sections that do not add up to ``extent``, or a non-positive size.
+    """
+    if isinstance(split, (list, tuple)):
+        sizes = [as_int(s, "split size") for s in split]
+        if sum(sizes) != extent or any(s < 0 for s in sizes):
+            raise ValueError(
+                f"split_with_sizes expects split_sizes to sum exactly to {extent}, got {sizes}"
+            )
+        return sizes
+    s = as_int(split, "split_size")
+    if s <= 0 and extent > 0:
+        raise ValueError(f"split expects split_size to be positive, got {s}")
+    if extent == 0:
+        return [0]
+    return [min(s, extent - i) for i in range(0, extent, s)]
+
+
+def chunk_sizes_torch(extent: int, chunks: int) -> list[int]:
+    """Piece sizes of ``torch.chunk(x, chunks, dim)`` (may be fewer than ``chunks``)."""
+    if chunks <= 0:
+        raise ValueError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
+    if extent == 0:
+        return [0] * chunks
+    c = -(-extent // chunks)
+    return [min(c, extent - i) for i in range(0, extent, c)]
+
+
+def _dims_arg(v: Any, ndim: int, what: str) -> list[int]:
+    vals = v if isinstance(v, (list, tuple)) else [v]
+    out = [normalize_dim(as_int(d, what), ndim, what) for d in vals]
+    if len(set(out)) != len(out):
+        raise ValueError(f"{what}: dim appears multiple times in the list of dims {list(vals)}")
+    return out
+
+
+# ---------------------------------------------------------------------- the tensor_op rule
+TensorOpKind = Literal[
+    "cat", "stack", "split", "chunk", "unbind", "narrow", "select", "flip", "repeat", "triu",
+    "tril",
+]  # fmt: skip
+
+_SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "cat": (("tensors", "dim"), ("dim", "axis")),
+    "stack": (("tensors", "dim"), ("dim", "axis")),
+    "split": (
+        ("input", "split_size", "dim"),
+        ("split_size", "split_size_or_sections", "split_sizes", "dim"),
+    ),
+    "chunk": (("input", "chunks", "dim"), ("chunks", "dim")),
+    "unbind": (("input", "dim"), ("dim",)),
+    "narrow": (("input", "dim", "start", "length"), ("dim", "start", "length")),
+    "select": (("input", "dim", "index"), ("dim", "index")),
+    "flip": (("input", "*dims"), ("dims",)),
+    "repeat": (("input", "*repeats"), ("repeats",)),
+    "triu": (("input", "diagonal"), ("diagonal",)),
+    "tril": (("input", "diagonal"), ("diagonal",)),
+}
+
+
+class TensorOpParams(RuleParams):
+    """``kind``: which op the entry is (see the module docstring)."""
+
+    kind: TensorOpKind
+
+
+@register_rule("tensor_op")
+class TensorOp(PlannedOp):
+    """cat, stack, split, chunk, unbind, narrow, select, flip, repeat, triu, tril; semantics
+    as the torch functions of those names, on GLOBAL shapes (see the module docstring).
+
+    Raises:
+        ShardingError: arguments torch would reject for the global shapes (sizes that do not
+            add up, mismatched cat shapes...), naming the call and its placements.
+        IndexError: a dim out of range for the global rank.
+        TypeError: a non-integer size, dim or index.
+    """
+
+    Params = TensorOpParams
+
+    def __init__(self, name: str, params: Any = None) -> None:
+        super().__init__(name, params)
+        self.use_signature(*_SIGNATURES[self.params.kind])
+
+    def plan(self, call: OpCall) -> OpPlan:
+        return getattr(self, f"_plan_{self.params.kind}")(call, call.static)
+
+    # -- join ---------------------------------------------------------------------
+    def _plan_cat(self, call: OpCall, st: dict) -> OpPlan:
+        specs = call.specs
+        # torch.cat skips legacy 1-D empty tensors of shape (0,) next to tensors of other rank
+        real = [s.ndim != 1 or s.shape != (0,) for s in specs]
+        if not any(real):
+            real = [True] * len(specs)
+        main = [s for s, r in zip(specs, real) if r]
+        ndim = main[0].ndim
+        if ndim == 0:
+            raise ValueError("zero-dimensional tensor cannot be concatenated")
+        dim = normalize_dim(as_int(_pick(st, "dim", "axis", 0), "dim"), ndim, "dim")
+        for s in main:
+            if s.ndim != ndim or any(
+                a != b for k, (a, b) in enumerate(zip(s.shape, main[0].shape)) if k != dim
+            ):
+                raise ValueError(
+                    f"torch.cat: sizes of tensors must match except in dimension {dim}; got "
+                    f"{[list(x.shape) for x in main]}"
+                )
+        shape = list(main[0].shape)
+        shape[dim] = sum(s.shape[dim] for s in main)
+        keep = {d: d for d in range(ndim) if d != dim}
+        maps = [keep if r else None for r in real]
+        return OpPlan([tuple(shape)], keep_strategies(maps, 1, partials_of(main), real))
+
+    def _plan_stack(self, call: OpCall, st: dict) -> OpPlan:
+        specs = call.specs
+        shape = specs[0].shape
+        if any(s.shape != shape for s in specs):
+            raise ValueError(
+                f"stack expects each tensor to be equal size, got {[list(s.shape) for s in specs]}"
+            )
+        dim = normalize_dim(as_int(_pick(st, "dim", "axis", 0), "dim"), len(shape) + 1, "dim")
+        keep = {d: d + (d >= dim) for d in range(len(shape))}
+        out = (*shape[:dim], len(specs), *shape[dim:])
+        return OpPlan([out], keep_strategies([keep] * len(specs), 1, partials_of(specs)))
+
+    # -- split --------------------------------------------------------------------
+    def _one(self, call: OpCall) -> Any:
+        if len(call.specs) != 1:
+            raise ShardingError(
+                f"{call.describe()}: {self.name} takes one DTensor input; pass the other "
+                f"arguments as python values"
+            )
+        return call.specs[0]
+
+    def _split_plan(self, spec: Any, dim: int, sizes: list[int], drop: bool = False) -> OpPlan:
+        shapes = []
+        for n in sizes:
+            s = list(spec.shape)
+            if drop:
+                del s[dim]
+            else:
+                s[dim] = n
+            shapes.append(tuple(s))
+        keep = {d: d - (drop and d > dim) for d in range(spec.ndim) if d != dim}
+        return OpPlan(shapes, keep_strategies([keep], len(sizes), partials_of([spec])))
+
+    def _plan_split(self, call: OpCall, st: dict) -> OpPlan:
+        spec = self._one(call)
+        split = _pick(st, "split_size", "split_size_or_sections", None)
+        if split is None:
+            split = st.get("split_sizes")
+        if split is None:
+            raise TypeError("split needs split_size_or_sections")
+        dim = normalize_dim(as_int(_pick(st, "dim", None, 0), "dim"), spec.ndim, "dim")
+        return self._split_plan(spec, dim, split_sizes(spec.shape[dim], split))
+
+    def _plan_chunk(self, call: OpCall, st: dict) -> OpPlan:
+        spec = self._one(call)
+        chunks = as_int(st.get("chunks"), "chunks")
+        dim = normalize_dim(as_int(_pick(st, "dim", None, 0), "dim"), spec.ndim, "dim")
+        return self._split_plan(spec, dim, chunk_sizes_torch(spec.shape[dim], chunks))
+
+    def _plan_unbind(self, call: OpCall, st: dict) -> OpPlan:
+        spec = self._one(call)
+        dim = normalize_dim(as_int(_pick(st, "dim", None, 0), "dim"), spec.ndim, "dim")
+        return self._split_plan(spec, dim, [1] * spec.shape[dim], drop=True)
+
+    # -- slices -------------------------------------------------------------------
+    def _plan_narrow(self, call: OpCall, st: dict) -> OpPlan:
+        spec = call.specs[0]
+        # start may be a 0-d DTensor (torch.narrow takes a 0-d tensor start): it is
+        # gathered and the local call reads it; the output shape does not depend on it
+        extra = call.specs[1:]
+        if call.arg_roles[0] != "input" or any(
+            s.ndim != 0 or r != "start" for s, r in zip(extra, call.arg_roles[1:])
+        ):
+            self._one(call)
+        dim = normalize_dim(as_int(st.get("dim"), "dim"), spec.ndim, "dim")
+        n = spec.shape[dim]
+        length = as_int(st.get("length"), "length")
+        start = None if extra else as_int(st.get("start"), "start")
+        if start is not None and start < 0:
+            start += n
+        lo = 0 if start is None else start
+        if not (0 <= lo <= n and 0 <= length <= n - lo):
+            raise IndexError(
+                f"narrow: start ({start}) + length ({length}) exceeds dimension size ({n})"
+            )
+        shape = list(spec.shape)
+        shape[dim] = length
+        keep = {d: d for d in range(spec.ndim) if d != dim}
+        maps: list[dict[int, int] | None] = [keep] + [None] * len(extra)
+        flags = [True] + [False] * len(extra)
+        return OpPlan([tuple(shape)], keep_strategies(maps, 1, partials_of([spec]), flags))
+
+    def _plan_select(self, call: OpCall, st: dict) -> OpPlan:
+        spec = self._one(call)
+        if spec.ndim == 0:
+            raise IndexError("select() cannot be applied to a 0-dim tensor")
+        dim = normalize_dim(as_int(st.get("dim"), "dim"), spec.ndim, "dim")
+        n, i = spec.shape[dim], as_int(st.get("index"), "index")
+        if not -n <= i < n:
+            raise IndexError(
+                f"select(): index {i} out of range for tensor of size {n} at dim {dim}"
+            )
+        shape = spec.shape[:dim] + spec.shape[dim + 1 :]
+        keep = {d: d - (d > dim) for d in range(spec.ndim) if d != dim}
+        return OpPlan([shape], keep_strategies([keep], 1, partials_of([spec])))
+
+    def _plan_flip(self, call: OpCall, st: dict) -> OpPlan:
+        spec = self._one(call)
+        dims = st.get("dims")
+        if dims is None:
+            raise TypeError("flip needs dims")
+        flipped = set(_dims_arg(dims, spec.ndim, "flip"))
+        keep = {d: d for d in range(spec.ndim) if d not in flipped}
+        return OpPlan([spec.shape], keep_strategies([keep], 1, partials_of([spec])))
+
+    def _plan_repeat(self, call: OpCall, st: dict) -> OpPlan:
+        spec = self._one(call)
+        raw = st.get("repeats")
+        reps = [as_int(r, "repeats") for r in (raw if isinstance(raw, (list, tuple)) else [raw])]
+        if len(reps) < spec.ndim:
+            raise ValueError(
+                "Number of dimensions of repeat dims can not be smaller than number of "
+                "dimensions of tensor"
+            )
+        if any(r < 0 for r in reps):
+            raise ValueError(f"repeat: repeats must be non-negative, got {reps}")
+        lead = len(reps) - spec.ndim
+        shape = tuple(reps[:lead]) + tuple(n * r for n, r in zip(spec.shape, reps[lead:]))
+        keep = {d: d + lead for d in range(spec.ndim) if reps[lead + d] == 1}
+        return OpPlan([shape], keep_strategies([keep], 1, partials_of([spec])))
+
+    # -- triangles ----------------------------------------------------------------
+    def _plan_triu(self, call: OpCall, st: dict) -> OpPlan:
+        spec = self._one(call)
+        if spec.ndim < 2:
+            raise ValueError(f"{self.params.kind}: input tensor must have at least 2 dimensions")
+        k = as_int(st.get("diagonal") or 0, "diagonal")
+        n = spec.ndim
+        strategies = keep_strategies([{d: d for d in range(n)}], 1, partials_of([spec]))
+        mesh = call.mesh
+
+        def local(layout: Layout) -> Layout:
+            coord = mesh.get_coordinate()
+            out = layout.outputs[0]
+            if coord is None or out is None:
+                return layout
+            if not any(type(p) is Shard and p.dim >= n - 2 for p in out):
+                return layout
+            _, off = compute_local_shape_and_offset(spec.shape, mesh.shape, out, coord)
+            shifted = k + off[n - 2] - off[n - 1]
+            if shifted != k:
+                layout.overrides = {**(layout.overrides or {}), "diagonal": shifted}
+            return layout
+
+        return OpPlan([spec.shape], strategies, local=local)
+
+    _plan_tril = _plan_triu
+
+
+def _pick(st: dict, name: str, alias: str | None, default: Any) -> Any:
+    v = st.get(name)
+    if v is None and alias is not None:
+        v = st.get(alias)
+    return default if v is None else v
+
+
+# ---------------------------------------------------------------------- where
+@register_rule("where")
+class WhereOp(PointwiseOp):
+    """``torch.where(condition, input, other)``: elementwise with broadcasting, as the
+    pointwise rule (a Partial value is reduced first). ``torch.where(condition)`` alone is
+    ``nonzero(as_tuple=True)``, whose result size depends on the values: it raises.
+
+    Raises:
+        ShardingError: the one-argument form.
+    """
+
+    signature = ("condition", "input", "other")
+
+    def infer_layout(self, call: OpCall) -> Layout:
+        if call.get("input") is None and call.get("other") is None:
+            raise ShardingError(
+                f"{call.describe()}: torch.where(condition) returns the indices of the True "
+                f"elements, whose number depends on the values, which a sharding decision cannot "
+                f"know; use torch.where(condition, x, y), or condition.full_tensor().nonzero()"
+            )
+        return super().infer_layout(call)

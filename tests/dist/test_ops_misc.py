@@ -1,0 +1,130 @@
+"""The misc family (op_specs/misc.yaml) on real gloo ranks against plain torch: Tensor.to,
+the *_like factories, dtype queries, and lerp/addcmul/addcdiv (the single-tensor AdamW
+update), forward and backward, every placement combination on 2 ranks and a fixed sample on
+a (2, 2) mesh."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from hyper_shard import DTensor, Partial, Replicate, ShardingError, init_device_mesh
+from tests._helpers import all_combos, check_op, dt_from_global
+
+pytestmark = pytest.mark.multiproc
+
+
+def _mesh(world):
+    torch.set_num_threads(1)
+    return init_device_mesh("cpu", (2, 2) if world == 4 else (world,))
+
+
+def _sample(combos, k, world):
+    return combos if world == 2 or len(combos) <= k else random.Random(0).sample(combos, k)
+
+
+def check_to(rank, world):
+    mesh = _mesh(world)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 4, generator=g)
+    combos = _sample(all_combos([x], mesh.ndim, ("sum", "avg")), 30, world)
+    n = 0
+    for fn in (
+        lambda a: a.to(torch.float64),
+        lambda a: a.to(torch.float32),  # no conversion
+        lambda a: a.to("cpu", torch.float64),
+        lambda a: a.to(dtype=torch.float64) * 2,
+    ):
+        n += check_op(fn, [x], mesh, combos)
+    other = torch.randn(3, generator=g, dtype=torch.float64)  # only lends its dtype
+    n += check_op(
+        lambda a, b: a.to(b),
+        [x, other],
+        mesh,
+        _sample(all_combos([x, other], mesh.ndim), 30, world),
+    )
+    return n
+
+
+def check_like_factories(rank, world):
+    mesh = _mesh(world)
+    x = torch.randn(5, 3, generator=torch.Generator().manual_seed(1))
+    combos = _sample(all_combos([x], mesh.ndim, ("sum", "max")), 30, world)
+    n = 0
+    for fn in (
+        torch.zeros_like,
+        torch.ones_like,
+        lambda a: torch.full_like(a, 2.5),
+        lambda a: torch.zeros_like(a, dtype=torch.int64),
+    ):
+        n += check_op(fn, [x], mesh, combos, grad=False)
+    for (pl,) in combos:  # empty_like: only the layout is defined
+        dt = dt_from_global(x, mesh, pl)
+        out = torch.empty_like(dt)
+        assert isinstance(out, DTensor) and out.shape == x.shape
+        want = tuple(Replicate() if isinstance(p, Partial) else p for p in dt.placements)
+        assert out.placements == want
+        assert out.to_local().shape == dt.to_local().shape
+        n += 1
+    return n
+
+
+def check_dtype_queries(rank, world):
+    mesh = _mesh(world)
+    n = 0
+    for t in (
+        torch.randn(4, 2, generator=torch.Generator().manual_seed(2)),
+        torch.arange(8).reshape(4, 2),
+    ):
+        for combo in all_combos([t], mesh.ndim):
+            dt = dt_from_global(t, mesh, combo[0])
+            for fn in (torch.is_complex, torch.is_floating_point):
+                got = fn(dt)
+                assert type(got) is bool and got == fn(t), (fn, combo)
+                n += 1
+    return n
+
+
+def check_optimizer_updates(rank, world):
+    mesh = _mesh(world)
+    g = torch.Generator().manual_seed(3)
+    a, b, c = (torch.randn(4, 3, generator=g) for _ in range(3))
+    c = c.abs() + 1
+    w = torch.rand(3, generator=g)  # broadcast weight
+    combos3 = _sample(all_combos([a, b, c], mesh.ndim), 40, world)
+    # an in-place update keeps its target's placements: a Partial target is refused (below)
+    inplace3 = [c_ for c_ in combos3 if not any(isinstance(p, Partial) for p in c_[0])]
+    n = 0
+    for fn, combos in (
+        (lambda x, y, z: torch.addcmul(x, y, z, value=0.5), combos3),
+        (lambda x, y, z: torch.addcdiv(x, y, z, value=-2.0), combos3),
+        (lambda x, y, z: x.clone().addcmul_(y, y, value=0.1) + z, inplace3),  # exp_avg_sq
+        (lambda x, y, z: x.clone().addcdiv_(y, z, value=-0.01), inplace3),  # the parameter
+    ):
+        n += check_op(fn, [a, b, c], mesh, combos)
+    combos2 = _sample(all_combos([a, b], mesh.ndim), 30, world)
+    inplace2 = [c_ for c_ in combos2 if not any(isinstance(p, Partial) for p in c_[0])]
+    n += check_op(lambda x, y: torch.lerp(x, y, 0.3), [a, b], mesh, combos2)
+    n += check_op(lambda x, y: x.clone().lerp_(y, 0.1), [a, b], mesh, inplace2)  # exp_avg
+    n += check_op(
+        lambda x, y, z: torch.lerp(x, y, z),
+        [a, b, w],
+        mesh,
+        _sample(all_combos([a, b, w], mesh.ndim), 40, world),
+    )
+    target = dt_from_global(a, mesh, (Partial(),) * mesh.ndim)
+    with pytest.raises(ShardingError, match="in-place"):
+        target.addcdiv_(dt_from_global(b, mesh, (Replicate(),) * mesh.ndim), target)
+    return n + 1
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize(
+    "check", [check_to, check_like_factories, check_dtype_queries, check_optimizer_updates]
+)
+def test_misc_ops(check, world, dist2, dist4):
+    pool = dist2 if world == 2 else dist4
+    counts = pool.run(check)
+    assert counts[0] > 0 and len(set(counts)) == 1
