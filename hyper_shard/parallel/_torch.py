@@ -1,0 +1,67 @@
+"""The tensor-parallel API's view of ``torch.nn``: parameters and forward hooks.
+
+Parameters become ``nn.Parameter(DTensor)``: ``nn.Parameter`` keeps a tensor subclass's
+type and marks it ``_is_param``, so the parameter *is* a hyper_shard DTensor, an autograd
+leaf whose ``.grad`` is a DTensor, and any ``torch.optim`` optimizer built afterwards steps
+it through the dispatcher.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._adapter import InputHook, ModuleAdapter, OutputHook
+
+__all__ = ["TorchModuleAdapter"]
+
+
+class TorchModuleAdapter(ModuleAdapter):
+    """:class:`~hyper_shard.parallel._adapter.ModuleAdapter` for ``torch.nn.Module``."""
+
+    name = "torch"
+
+    def owns(self, module: Any) -> bool:
+        return isinstance(module, nn.Module)
+
+    def module_kind(self, module: Any) -> str | None:
+        if isinstance(module, nn.Linear):
+            return "linear"
+        if isinstance(module, nn.Embedding):
+            return "embedding"
+        return None
+
+    def param_roles(self, module: Any, kind: str) -> dict[str, str]:
+        roles = {"weight": "weight"}
+        if kind == "linear" and getattr(module, "bias", None) is not None:
+            roles["bias"] = "bias"
+        return roles
+
+    def named_modules(self, module: Any) -> list[tuple[str, Any]]:
+        return list(module.named_modules())
+
+    def direct_params(self, module: Any) -> list[tuple[str, Any]]:
+        return list(module._parameters.items())
+
+    def direct_buffers(self, module: Any) -> list[tuple[str, Any]]:
+        return list(module._buffers.items())
+
+    def set_param(self, module: Any, name: str, value: Any, requires_grad: bool) -> None:
+        module.register_parameter(name, nn.Parameter(value, requires_grad=requires_grad))
+
+    def set_buffer(self, module: Any, name: str, value: Any) -> None:
+        module._buffers[name] = value
+
+    def requires_grad(self, param: Any) -> bool:
+        return bool(param.requires_grad)
+
+    def register_input_hook(self, module: Any, fn: InputHook) -> Any:
+        return module.register_forward_pre_hook(fn, with_kwargs=True)
+
+    def register_output_hook(self, module: Any, fn: OutputHook) -> Any:
+        return module.register_forward_hook(fn)
+
+    def is_tensor(self, x: Any) -> bool:
+        return isinstance(x, torch.Tensor)

@@ -1,0 +1,85 @@
+"""``parallelize_module`` (as ``torch.distributed.tensor.parallel.parallelize_module``)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from ..mesh import DeviceMesh
+from ._adapter import adapter_for
+from .plan import describe_root, match_plan
+from .style import ParallelStyle
+
+__all__ = ["parallelize_module"]
+
+
+def parallelize_module(
+    module: Any,
+    device_mesh: DeviceMesh | None = None,
+    parallelize_plan: ParallelStyle | Mapping[str, ParallelStyle] | None = None,
+    *,
+    src_data_rank: int | None = 0,
+) -> Any:
+    """Apply tensor parallelism to ``module`` in place, by a plan (as PyTorch's
+    ``parallelize_module``).
+
+    Args:
+        module: the root module (``torch.nn.Module``).
+        device_mesh: a 1-D DeviceMesh (slice an N-D one first: ``mesh["tp"]``).
+        parallelize_plan: one :class:`ParallelStyle` applied to ``module`` itself, or a
+            dict ``{module path: style}``. Paths are dotted submodule names whose tokens may
+            be fnmatch wildcards (``"model.layers.*.self_attn.q_proj"``; ``*`` never crosses
+            a ``.``; ``""`` is ``module`` itself). Entries apply in the dict's order.
+        src_data_rank: the rank whose parameter values every rank takes (the styles
+            broadcast or scatter from it, so all ranks start from one model); None keeps
+            each rank's own values.
+
+    Returns:
+        ``module``, whose selected parameters are now DTensor parameters (an optimizer built
+        afterwards steps them directly) and whose selected submodules convert their inputs
+        and outputs in forward hooks.
+
+    Raises:
+        PlanKeyError: a plan key that matches no submodule (the message names the key, the
+            token that failed and the closest module names).
+        TypeError: a plan that is neither a style nor a dict of styles, or a plan value that
+            is not a :class:`ParallelStyle`.
+        ValueError: no mesh, or a mesh that is not 1-D.
+        NotImplementedError: a style applied to a module kind it does not support
+            (e.g. ``ColwiseParallel`` on a ``Conv2d``).
+    """
+    if device_mesh is None:
+        raise ValueError(
+            "parallelize_module: pass device_mesh (hyper_shard has no current-mesh context), "
+            "e.g. init_device_mesh('cpu', (world_size,))"
+        )
+    if parallelize_plan is None:
+        warnings.warn(
+            "No parallelize_plan is provided and auto-parallel is not supported at the moment, "
+            "so this parallelize_module call will do nothing.",
+            stacklevel=2,
+        )
+        return module
+    if isinstance(parallelize_plan, ParallelStyle):
+        parallelize_plan.src_data_rank = src_data_rank
+        return parallelize_plan._apply(module, device_mesh)
+    if not isinstance(parallelize_plan, Mapping):
+        raise TypeError(
+            f"parallelize_module: expected a ParallelStyle or a dict of module path -> "
+            f"ParallelStyle for parallelize_plan, got {type(parallelize_plan).__name__}"
+        )
+    for key, style in parallelize_plan.items():
+        if not isinstance(style, ParallelStyle):
+            raise TypeError(
+                f"parallelize_module: plan entry {key!r} is a {type(style).__name__}, not a "
+                f"hyper_shard.parallel ParallelStyle (ColwiseParallel(), RowwiseParallel(), ...)"
+            )
+    ad = adapter_for(module)
+    named = ad.named_modules(module)
+    by_name = dict(named)
+    matches = match_plan(parallelize_plan, [n for n, _ in named], describe_root(module))
+    for _key, name, style in matches:
+        style.src_data_rank = src_data_rank
+        style._apply(by_name[name], device_mesh)
+    return module
