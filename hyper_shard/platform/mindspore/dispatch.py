@@ -1,0 +1,316 @@
+"""Binding the registry to MindSpore Primitive names, and the MindSpore dispatcher.
+
+``__fallback__`` receives ``func`` (an ``OpCall``/``TensorOverloadCall`` whose ``.name``
+is the Primitive name: ``AddExt``, ``MatMulExt``, ``Dense``...) and the call's arguments,
+always positional where the Primitive has a signature (``mint.sum(x, dim=1)`` arrives as
+``SumExt(x, 1, False, None)``). Entries bind these names under ``mindspore:``; where the
+Primitive's argument order differs from the torch one the entry gives a
+``mindspore_signature``.
+
+Legacy Primitives (``ops.ReduceSum()``, ``x[0:2]``'s ``StridedSlice``, ``ops.gather``)
+arrive as ``(prim, "Name", (inputs...))``: they are unpacked, so a rule sees the inputs
+as positional arguments, and packed again for the local call.
+
+The local Primitive runs under ``NoFallbackGuard`` on plain local aliases. In-place
+Primitives (``Inplace*``) write their result back into the target (on CPU, MindSpore 2.10's
+``InplaceAddExt``/``InplaceMuls``... return a new tensor and leave the target unchanged).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mindspore import Parameter, Tensor
+from mindspore._c_expression import NoFallbackGuard
+
+from ...dispatch.dispatcher import _CACHE, _STATS, Dispatcher
+from ...dispatch.op import BoundOp, Decision, fmt_placements
+from ...errors import HyperShardError, OpSpecError
+from ...registry.registry import PLATFORM_BINDERS, RELOAD_HOOKS, Registry, get_registry
+
+__all__ = [
+    "ms_dispatch",
+    "build_ms_table",
+    "getitem_call",
+    "setitem_call",
+    "PSEUDO_PRIMITIVES",
+    "MISSING_KERNEL_HINTS",
+]
+
+PLATFORM_BINDERS.setdefault("mindspore", (__name__, "build_ms_table"))
+
+
+class _PseudoPrimitive:
+    """A Python-level Tensor method dispatched like a Primitive (``.name`` + call)."""
+
+    __slots__ = ("name", "fn")
+
+    def __init__(self, name: str, fn: Any) -> None:
+        self.name = name
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<PseudoPrimitive {self.name}>"
+
+
+def _setitem(x: Tensor, index: Any, value: Any) -> Tensor:
+    Tensor.__setitem__(x, index, value)
+    return x
+
+
+#: ``dt[index]``: as ``Tensor.__getitem__`` (signature ``input, indices``)
+getitem_call = _PseudoPrimitive("__getitem__", Tensor.__getitem__)
+#: ``dt[index] = value``: as ``Tensor.__setitem__`` (in place on ``input``)
+setitem_call = _PseudoPrimitive("__setitem__", _setitem)
+PSEUDO_PRIMITIVES = frozenset({"__getitem__", "__setitem__"})
+
+#: Primitive -> what to use instead, for kernels MindSpore 2.10 lacks on CPU
+MISSING_KERNEL_HINTS = {
+    "Mm": "use mint.matmul (MatMulExt)",
+    "StackExt": "use ops.stack, or mint.cat of unsqueezed tensors",
+    "Clone": "use ops.deepcopy or x * 1",
+    "ZerosLikeExt": "use ops.zeros_like or mint.zeros(shape)",
+    "OnesLikeExt": "use ops.ones_like or mint.ones(shape)",
+    "LayerNormExt": "use ops.LayerNorm(-1, -1) or a manual mint layer norm",
+    "Embedding": "use ops.gather(weight, indices, 0)",
+    "LogSoftmaxExt": "use ops.log_softmax(x, axis)",
+    "GeluExt": "use ops.gelu(x)",
+    "DropoutExt": "use ops.dropout(x, p, training=True)",
+    "ArgMaxExt": "use Tensor.argmax",
+    "FillScalar": "use ops.full",
+}
+
+
+class _LegacyCall:
+    """A legacy Primitive call ``func(prim, name, inputs)`` seen as ``name(*inputs)``."""
+
+    __slots__ = ("func", "prim", "name")
+
+    def __init__(self, func: Any, prim: Any, name: str) -> None:
+        self.func, self.prim, self.name = func, prim, name
+
+    def __call__(self, *inputs: Any) -> Any:
+        return self.func(self.prim, self.name, inputs)
+
+
+def _is_dtensor(x: Any) -> bool:
+    from .dtensor import MindSporeDTensor
+
+    return isinstance(x, MindSporeDTensor)
+
+
+def _known_primitive(name: str) -> bool:
+    if name in PSEUDO_PRIMITIVES:
+        return True
+    import mindspore.ops.auto_generate.gen_ops_prim as gen
+    import mindspore.ops.operations as legacy
+
+    return hasattr(gen, name) or hasattr(legacy, name)
+
+
+def build_ms_table(reg: Registry) -> dict[str, BoundOp]:
+    """Primitive name -> BoundOp for every ``mindspore:`` name in the registry.
+
+    A name starting with ``Inplace`` (and ``__setitem__``) is in-place.
+
+    Raises:
+        OpSpecError: a name that is not a MindSpore Primitive (names file, entry, field).
+    """
+    global _DT
+    from .dtensor import MindSporeDTensor
+
+    _DT = MindSporeDTensor
+    table: dict[str, BoundOp] = {}
+    for e in reg.entries.values():
+        for n in e.mindspore:
+            if not _known_primitive(n):
+                raise OpSpecError(
+                    f"{e.file}: entry {e.name!r}, field 'mindspore': {n!r} is not a MindSpore "
+                    f"Primitive (mindspore.ops.auto_generate.gen_ops_prim / ops.operations); "
+                    f"print func.name in a Tensor subclass's __fallback__ to find the name"
+                )
+            table[n] = BoundOp(
+                e.op,
+                n,
+                inplace=n.startswith("Inplace") or n == "__setitem__",
+                reflected=False,
+                is_dtensor=_is_dtensor,
+                tensor_type=Tensor,
+                platform="mindspore",
+                dt_type=MindSporeDTensor,
+            )
+    return table
+
+
+_TABLE: dict[str, BoundOp] = {}  # Primitive name -> BoundOp; emptied on registry reload
+_TABLE_OF: Registry | None = None
+
+
+def _lookup(func: Any) -> BoundOp | None:
+    global _TABLE, _TABLE_OF
+    reg = get_registry()
+    if _TABLE_OF is not reg:
+        _TABLE = reg.binding("mindspore", build_ms_table)
+        _TABLE_OF = reg
+    return _TABLE.get(func.name)
+
+
+def _on_reload(reg: Registry) -> None:
+    global _TABLE, _TABLE_OF
+    _TABLE, _TABLE_OF = {}, None
+
+
+RELOAD_HOOKS.append(_on_reload)
+
+
+def _name_of(func: Any) -> str:
+    return str(getattr(func, "name", None) or getattr(func, "__name__", repr(func)))
+
+
+def _plain(a: Any) -> Any:
+    # a DTensor becomes a plain alias (Python-level code then sees its local shape); a
+    # Parameter stays itself (its weights= gradient does not flow through an alias).
+    # Exact type checks first: isinstance(x, Tensor) goes through Tensor's ABC hook.
+    t = type(a)
+    if t is _DT:
+        return _alias(Tensor, a)
+    if t is Tensor or t in _SCALARS:
+        return a
+    if t is list or t is tuple:
+        return t(_plain(x) for x in a)
+    if isinstance(a, Tensor) and not isinstance(a, Parameter):
+        return _alias(Tensor, a)
+    return a
+
+
+_alias = Tensor._make_subclass
+_SCALARS = frozenset({int, float, bool, type(None), str})
+
+
+def _run_local(fn: Any, args: tuple, kwargs: dict) -> Any:
+    plain = tuple(_plain(a) for a in args)
+    name = getattr(fn, "name", None)
+    target: Any = args[0] if args and isinstance(args[0], Tensor) else None
+    # an in-place Primitive, __setitem__, or a rule's local implementation may write into
+    # the first argument's alias: watch it, so the write reaches the DTensor itself
+    watch = target is not None and (
+        name is None or name == "__setitem__" or name.startswith("Inplace")
+    )
+    before = plain[0].data_ptr() if watch else 0
+    with NoFallbackGuard():
+        out = fn(*plain, **{k: _plain(v) for k, v in kwargs.items()} if kwargs else {})
+        if watch and name is not None and isinstance(out, Tensor) and out is not target:
+            # CPU: Inplace* kernels return a new tensor and leave the target unchanged
+            if out.data_ptr() != target.data_ptr():
+                Tensor.assign_value(target, out)
+            out = target
+        elif watch and plain[0] is not target and plain[0].data_ptr() != before:
+            # the alias was rebound (Tensor.__setitem__ assigns its result on CPU)
+            Tensor.assign_value(target, plain[0])
+    return out
+
+
+def _wrap_outputs(out: Any, dec: Decision) -> Any:
+    from .dtensor import wrap
+
+    if isinstance(out, Tensor):
+        return wrap(out, dec.out_spec(0, out.dtype, out.itemsize))
+    if isinstance(out, (tuple, list)):
+        items = []
+        i = 0
+        for x in out:
+            if isinstance(x, Tensor):
+                items.append(wrap(x, dec.out_spec(i, x.dtype, x.itemsize)))
+                i += 1
+            else:
+                items.append(x)
+        return type(out)(items)
+    return out
+
+
+def _make() -> Dispatcher:
+    from ..select import get_platform
+
+    plat = get_platform("mindspore")
+    return Dispatcher(plat, _lookup, _name_of, _run_local, _wrap_outputs, _is_dtensor)
+
+
+_DISPATCHER: Dispatcher | None = None
+_KERNEL_ERRORS = ("unregistered", "Create kernelmod", "Unsupported op", "Select CPU operator")
+
+
+def ms_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Dispatch one Primitive call that has a DTensor argument.
+
+    The hot path (a layout-cache hit that moves nothing and runs the Primitive itself):
+    one table lookup by Primitive name, the cache key, the local call under
+    ``NoFallbackGuard`` on plain aliases of the DTensor arguments, one wrap.
+
+    Raises:
+        OpNotRegisteredError: no entry binds the Primitive (the message gives the YAML).
+        HyperShardError: MindSpore has no kernel for the Primitive on this device (the
+            message names the op, the placements and an alternative where one is known).
+    """
+    if len(args) == 3 and type(args[1]) is str and type(args[2]) is tuple:
+        if args[1] == getattr(func, "name", None):  # a legacy Primitive: unpack its inputs
+            func, args = _LegacyCall(func, args[0], args[1]), args[2]
+    try:
+        bound = _TABLE.get(func.name)
+        if bound is None:
+            return _slow(func, args, kwargs)
+        key, dts = bound.key(args, kwargs)
+        dec = _CACHE.get(key)
+        if dec is None:
+            return _slow(func, args, kwargs)
+        _STATS["hits"] += 1
+        _CACHE.move_to_end(key)
+        if dec.needs_redist or dec.overrides or dec.inplace or dec.impl or type(func) is _Pseudo:
+            return _DISPATCHER.execute(bound, func, args, kwargs, dts, dec)  # type: ignore[union-attr]
+        # plain aliases: some "Primitives" are Python-level Tensor methods (Narrow is
+        # deprecated_tensor_narrow) that would read a DTensor's global shape
+        plain = [_plain(a) for a in args]
+        with NoFallbackGuard():
+            out = (
+                func(*plain, **{k: _plain(v) for k, v in kwargs.items()})
+                if kwargs
+                else func(*plain)
+            )
+    except RuntimeError as e:
+        raise _kernel_error(e, func, args) from None
+    if type(out) is Tensor:
+        spec = dec._specs.get((0, out.dtype))
+        if spec is None:
+            spec = dec.out_spec(0, out.dtype, out.itemsize)
+        o = _alias(_DT, out)
+        o._spec = spec
+        return o
+    return _wrap_outputs(out, dec)
+
+
+def _slow(func: Any, args: tuple, kwargs: dict) -> Any:
+    global _DISPATCHER
+    if _DISPATCHER is None:
+        _DISPATCHER = _make()
+    return _DISPATCHER(func, args, kwargs)
+
+
+def _kernel_error(e: RuntimeError, func: Any, args: tuple) -> RuntimeError:
+    """A clear error for a kernel MindSpore lacks on this device; other errors unchanged."""
+    msg = str(e)
+    if isinstance(e, HyperShardError) or not any(k in msg for k in _KERNEL_ERRORS):
+        return e
+    name = _name_of(func)
+    dts = [a for a in args if _is_dtensor(a)]
+    hint = MISSING_KERNEL_HINTS.get(name, "see docs/mindspore.md for the CPU alternatives")
+    device = _DISPATCHER.platform.device if _DISPATCHER is not None else "this device"
+    return HyperShardError(
+        f"{name}({', '.join(fmt_placements(d._spec) for d in dts)}): MindSpore has no kernel "
+        f"for it on {device} ({msg.splitlines()[0].strip()}); {hint}"
+    )
+
+
+_Pseudo = _PseudoPrimitive
+_DT: Any = None  # MindSporeDTensor, set when the table is built (dtensor imports this module)

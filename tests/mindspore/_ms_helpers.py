@@ -1,0 +1,52 @@
+"""Helpers that run inside MindSpore worker processes (they import MindSpore): the 1-D
+mesh, DTensors from global numpy values with any placements (Partial values split at
+random), and a relative error."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hyper_shard import DTensor, Partial, Replicate, distribute_tensor, init_device_mesh
+from hyper_shard.placement import Placement
+
+
+def mesh_1d(world: int) -> Any:
+    return init_device_mesh("CPU", (world,), platform="mindspore")
+
+
+def dt_from_numpy(x: np.ndarray, mesh: Any, placements: Sequence[Placement], seed: int = 0) -> Any:
+    """A MindSpore DTensor whose global value is ``x`` laid out by ``placements``.
+
+    Partial(sum) mesh dims hold a random zero-sum decomposition (not zeros off coordinate
+    0), so a rule that mishandles Partial values shows.
+    """
+    from mindspore import Tensor
+
+    plain = [Replicate() if isinstance(p, Partial) else p for p in placements]
+    dt = distribute_tensor(Tensor(x), mesh, plain, src_data_rank=None)
+    local = dt.to_local().asnumpy().copy()
+    coord = mesh.get_coordinate()
+    for m, p in enumerate(placements):
+        if not isinstance(p, Partial):
+            continue
+        if p.reduce_op != "sum":
+            raise ValueError(f"no test decomposition for {p}")
+        n = mesh.shape[m]
+        rs = np.random.RandomState(seed * 131 + m)
+        noise = rs.randn(n, *local.shape).astype(local.dtype)
+        noise = noise - noise.mean(0, keepdims=True)
+        local = (local if coord[m] == 0 else np.zeros_like(local)) + noise[coord[m]]
+    return DTensor.from_local(Tensor(local), mesh, list(placements), shape=x.shape)
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    if a.size == 0:
+        return 0.0
+    return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-6))

@@ -1,0 +1,333 @@
+"""The DTensor API on MindSpore (2 mccl ranks): creation, conversion, metadata, printing,
+reflected operators, in-place ops, indexing, Parameters and optimizers, and the errors
+for what is not supported. Each result is compared with plain MindSpore / numpy on the
+same global values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.mindspore, pytest.mark.multiproc]
+
+X = np.arange(20, dtype=np.float32).reshape(5, 4) / 7.0
+
+
+def _try(fn) -> object:
+    try:
+        return fn()
+    except Exception as e:  # the test asserts on the type and message
+        return f"{type(e).__name__}: {e}"
+
+
+def check_api(rank: int, world: int) -> dict:
+    from mindspore import Tensor
+
+    import hyper_shard as hs
+    from hyper_shard import DTensor, Partial, Replicate, Shard
+    from hyper_shard.platform.mindspore.dtensor import MindSporeDTensor
+
+    mesh = hs.init_device_mesh("CPU", (world,))
+    out: dict = {}
+    d = hs.distribute_tensor(Tensor(X), mesh, [Shard(0)])
+    out["types"] = (isinstance(d, DTensor), isinstance(d, Tensor), type(d) is MindSporeDTensor)
+    out["meta"] = (d.shape, d.size, d.numel(), len(d), d.ndim, str(d.dtype), d.placements)
+    out["local"] = d.to_local().asnumpy()
+    out["local_type"] = type(d.to_local()).__name__
+    out["full"] = d.full_tensor().asnumpy()
+    out["asnumpy"] = d.asnumpy()  # the full tensor (a collective)
+    out["np.array"] = np.asarray(d)
+    out["str"] = str(d)
+    out["repr"] = repr(d)
+    out["item"] = hs.distribute_tensor(Tensor(np.float32(2.5)), mesh, [Replicate()]).item()
+    # from_local: global shape inferred from uneven shards
+    loc = Tensor(X[:3] if rank == 0 else X[3:])
+    f = DTensor.from_local(loc, mesh, [Shard(0)])
+    out["from_local"] = (f.shape, f.full_tensor().asnumpy())
+    bad = Tensor(X[:1])  # both ranks hold 1 row: not the chunk layout of 5 rows
+    out["from_local_bad"] = _try(lambda: DTensor.from_local(bad, mesh, [Shard(0)], shape=(5, 4)))
+    # Partial -> Replicate
+    p = DTensor.from_local(Tensor(X * (rank + 1)), mesh, [Partial()], shape=X.shape)
+    out["partial_full"] = p.full_tensor().asnumpy()
+    # factories: random ones equal the single-device draw for the same seed
+    import mindspore as ms
+
+    ms.set_seed(5)
+    r = hs.randn(6, 3, device_mesh=mesh, placements=[Shard(0)])
+    ms.set_seed(5)
+    from mindspore import ops
+
+    out["randn"] = (r.full_tensor().asnumpy(), ops.randn((6, 3)).asnumpy())
+    out["zeros"] = hs.zeros(5, 3, device_mesh=mesh, placements=[Shard(0)]).to_local().asnumpy()
+    out["ones"] = hs.ones((5, 3), device_mesh=mesh, placements=[Shard(1)]).full_tensor().asnumpy()
+    out["full_f"] = hs.full((2, 3), 1.5, device_mesh=mesh).full_tensor().asnumpy()
+    # copies and iteration
+    import copy
+
+    from mindspore import Parameter
+
+    c = copy.deepcopy(d)
+    pc = copy.deepcopy(Parameter(d, name="pd"))
+    out["copies"] = (
+        type(c).__name__,
+        str(c.placements),
+        c.full_tensor().asnumpy(),
+        type(pc).__name__,
+        str(pc.placements),
+        pc.full_tensor().asnumpy(),
+    )
+    out["rows"] = [r.full_tensor().asnumpy() for r in d]  # __iter__ -> d[i]
+    # value_and_grad / grad with auxiliary outputs and several positions
+    from hyper_shard.platform.mindspore.autograd import grad, value_and_grad
+
+    a = hs.distribute_tensor(Tensor(X), mesh, [Shard(1)])
+    b = hs.distribute_tensor(Tensor(X), mesh, [Replicate()])
+
+    def f(u, v):
+        return (u * v).sum(), u.sum()
+
+    (val, aux), (ga, gb) = value_and_grad(f, (0, 1), has_aux=True)(a, b)
+    gs, aux2 = grad(f, 0, has_aux=True)(a, b)
+    out["aux"] = (
+        float(val.full_tensor().asnumpy()),
+        float(aux.full_tensor().asnumpy()),
+        str(ga.placements),
+        str(gb.placements),
+        ga.full_tensor().asnumpy(),
+        gb.full_tensor().asnumpy(),
+        gs.full_tensor().asnumpy(),
+        float(aux2[0].full_tensor().asnumpy()),
+    )
+    return out
+
+
+def test_api(ms2):
+    res = ms2.run(check_api)
+    for rank, out in enumerate(res):
+        assert out["types"] == (True, True, True)
+        shape, size, numel, ln, ndim, dtype, pl = out["meta"]
+        assert (shape, size, numel, ln, ndim) == ((5, 4), 20, 20, 5, 2)  # global
+        assert dtype == "Float32" and str(pl) == "(Shard(dim=0),)"
+        np.testing.assert_array_equal(out["local"], X[:3] if rank == 0 else X[3:])
+        assert out["local_type"] == "Tensor"
+        for k in ("full", "asnumpy", "np.array"):
+            np.testing.assert_array_equal(out[k], X)
+        assert out["str"] == out["repr"] and out["str"].startswith("DTensor(local_tensor=")
+        assert "placements=(Shard(dim=0))" in out["str"] and "shape=[5, 4]" in out["str"]
+        assert out["item"] == 2.5
+        assert out["from_local"][0] == (5, 4)
+        np.testing.assert_array_equal(out["from_local"][1], X)
+        assert out["from_local_bad"].startswith("ValueError") and "(1, 4)" in out["from_local_bad"]
+        np.testing.assert_allclose(out["partial_full"], 3 * X, rtol=1e-6)
+        np.testing.assert_array_equal(out["randn"][0], out["randn"][1])
+        assert out["zeros"].shape == ((3, 3) if rank == 0 else (2, 3)) and not out["zeros"].any()
+        np.testing.assert_array_equal(out["ones"], np.ones((5, 3), np.float32))
+        np.testing.assert_array_equal(out["full_f"], np.full((2, 3), 1.5, np.float32))
+        ct, cp, cv, pt, pp, pv = out["copies"]
+        assert (ct, cp, pt, pp) == (
+            "MindSporeDTensor",
+            "(Shard(dim=0),)",
+            "ParameterMindSporeDTensor",
+            "(Shard(dim=0),)",
+        )
+        np.testing.assert_array_equal(cv, X)
+        np.testing.assert_array_equal(pv, X)
+        np.testing.assert_array_equal(np.stack(out["rows"]), X)
+        val, aux, pa, pb, ga, gb, gs, aux2 = out["aux"]
+        np.testing.assert_allclose([val, aux, aux2], [(X * X).sum(), X.sum(), X.sum()], rtol=1e-5)
+        assert (pa, pb) == ("(Shard(dim=1),)", "(Partial(sum),)")  # the gradient contract
+        for g in (ga, gb, gs):
+            np.testing.assert_allclose(g, X, rtol=1e-6)  # d/du sum(u * v) = v = X
+
+
+def _full(fn) -> object:
+    try:
+        return fn().full_tensor().asnumpy()
+    except Exception as e:  # the test asserts on the type and message
+        return f"{type(e).__name__}: {e}"
+
+
+def check_operators(rank: int, world: int) -> dict:
+    from mindspore import Tensor, mint
+
+    import hyper_shard as hs
+    from hyper_shard import Partial, Replicate, Shard
+
+    mesh = hs.init_device_mesh("CPU", (world,))
+    d = hs.distribute_tensor(Tensor(X), mesh, [Shard(1)])
+    p = hs.DTensor.from_local(Tensor(X / 2), mesh, [Partial()], shape=X.shape)
+    s = Tensor(np.float32(3.0))  # a 0-d plain tensor is a scalar
+    out = {
+        "radd": (2 + d).full_tensor().asnumpy(),
+        "rsub": (2 - d).full_tensor().asnumpy(),
+        "rmul": (2 * d).full_tensor().asnumpy(),
+        "rdiv": (2 / (d + 1)).full_tensor().asnumpy(),
+        "rpow": (2**d).full_tensor().asnumpy(),
+        "t0+d": (s + d).full_tensor().asnumpy(),
+        "p+1": (p + 1).full_tensor().asnumpy(),  # the scalar is added once, not per rank
+        "1-p": (1 - p).full_tensor().asnumpy(),
+        "p_pl": str((p * 2).placements),
+        "neg": (-d).full_tensor().asnumpy(),
+        "cmp": (d > 1).full_tensor().asnumpy(),
+        "plain_mixed": _try(lambda: Tensor(X) + d),
+        "rmatmul": _try(
+            lambda: Tensor(X) @ hs.distribute_tensor(Tensor(X.T.copy()), mesh, [Replicate()])
+        ),
+    }
+    e = hs.distribute_tensor(Tensor(X), mesh, [Shard(0)])
+    r = e.add_(hs.distribute_tensor(Tensor(X), mesh, [Shard(0)]))
+    out["add_"] = (r is e, e.full_tensor().asnumpy())
+    e2 = hs.distribute_tensor(Tensor(X), mesh, [Shard(0)])
+    e2 *= 3
+    out["imul"] = e2.full_tensor().asnumpy()
+    e3 = hs.distribute_tensor(Tensor(X), mesh, [Shard(0)])
+    out["add_partial"] = e3.add_(p).full_tensor().asnumpy()  # p is reduce-scattered to S(0)
+    out["getitem"] = [
+        _full(lambda: d[0]),
+        _full(lambda: d[1:4, ::2]),
+        _full(lambda: d[None, -1]),
+        _full(lambda: e[..., 2]),
+        _full(lambda: p[2]),
+    ]
+    s_dt = hs.distribute_tensor(Tensor(X), mesh, [Shard(0)])
+    s_dt[1] = 5.0
+    s_dt[3:, 1] = -2.0
+    out["setitem"] = _full(lambda: s_dt)
+    out["unregistered"] = _try(lambda: mint.sinh(d))
+    from hyper_shard.dispatch.dispatcher import config
+
+    config.fallback = "replicate"  # gather the inputs, run the plain op, warn once
+    try:
+        fb = mint.sinh(d)
+        out["fallback"] = (
+            str(fb.placements),
+            fb.full_tensor().asnumpy(),
+            mint.sinh(Tensor(X)).asnumpy(),
+        )
+    finally:
+        config.fallback = "error"
+    out["no_kernel"] = _try(
+        lambda: mint.mm(d, hs.distribute_tensor(Tensor(X.T.copy()), mesh, [Replicate()]))
+    )
+    out["mixed_mesh"] = _try(
+        lambda: (
+            d
+            + hs.distribute_tensor(
+                Tensor(X),
+                hs.init_device_mesh("CPU", (world,), mesh_dim_names=("x",)),
+                [Replicate()],
+            )
+        )
+    )
+    return out
+
+
+def test_operators(ms2):
+    res = ms2.run(check_operators)
+    for out in res:
+        np.testing.assert_allclose(out["radd"], 2 + X, rtol=1e-6)
+        np.testing.assert_allclose(out["rsub"], 2 - X, rtol=1e-6)
+        np.testing.assert_allclose(out["rmul"], 2 * X, rtol=1e-6)
+        np.testing.assert_allclose(out["rdiv"], 2 / (X + 1), rtol=1e-6)
+        np.testing.assert_allclose(out["rpow"], 2**X, rtol=1e-5)
+        np.testing.assert_allclose(out["t0+d"], 3 + X, rtol=1e-6)
+        np.testing.assert_allclose(out["p+1"], X + 1, rtol=1e-6)
+        np.testing.assert_allclose(out["1-p"], 1 - X, rtol=1e-6, atol=1e-6)
+        assert out["p_pl"] == "(Partial(sum),)"
+        np.testing.assert_allclose(out["neg"], -X)
+        np.testing.assert_array_equal(out["cmp"], X > 1)
+        assert (
+            out["plain_mixed"].startswith("ShardingError")
+            and "distribute_tensor" in out["plain_mixed"]
+        )
+        assert out["rmatmul"].startswith("ShardingError")
+        assert out["add_"][0] is True
+        np.testing.assert_allclose(out["add_"][1], 2 * X, rtol=1e-6)  # written in place on CPU
+        np.testing.assert_allclose(out["imul"], 3 * X, rtol=1e-6)
+        np.testing.assert_allclose(out["add_partial"], 2 * X, rtol=1e-6)
+        for got, want in zip(
+            out["getitem"],
+            [X[0], X[1:4, ::2], X[None, -1], (2 * X)[..., 2], X[2]],  # e = 2X
+        ):
+            assert not isinstance(got, str), got
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+        want = X.copy()
+        want[1] = 5.0
+        want[3:, 1] = -2.0
+        assert not isinstance(out["setitem"], str), out["setitem"]
+        np.testing.assert_allclose(out["setitem"], want)
+        assert (
+            out["unregistered"].startswith("OpNotRegisteredError")
+            and "'Sinh'" in out["unregistered"]
+        )
+        assert out["fallback"][0] == "(Replicate(),)"
+        np.testing.assert_allclose(out["fallback"][1], out["fallback"][2], rtol=1e-6)
+        assert out["no_kernel"].startswith("HyperShardError")
+        assert "no kernel" in out["no_kernel"] and "mint.matmul" in out["no_kernel"]
+        assert (
+            out["mixed_mesh"].startswith("ShardingError")
+            and "different meshes" in out["mixed_mesh"]
+        )
+
+
+def check_parameters(rank: int, world: int, opt_name: str) -> dict:
+    """A mint.nn.Linear whose weight/bias are Parameter(DTensor) (Shard(0)), trained by a
+    MindSpore optimizer, against the same Linear with plain parameters."""
+    import mindspore as ms
+    from mindspore import Parameter, Tensor, mint, nn
+
+    import hyper_shard as hs
+    from hyper_shard import Replicate, Shard
+    from hyper_shard.platform.mindspore.autograd import optimizer_grads, value_and_grad
+
+    mesh = hs.init_device_mesh("CPU", (world,))
+    w0 = np.random.RandomState(1).randn(4, 4).astype(np.float32) / 2
+    b0 = np.random.RandomState(2).randn(4).astype(np.float32)
+    opt_cls = {"SGD": nn.SGD, "Adam": nn.Adam}[opt_name]
+
+    def make(dt: bool):
+        net = mint.nn.Linear(4, 4)
+        if dt:
+            net.weight = Parameter(
+                hs.distribute_tensor(Tensor(w0), mesh, [Shard(0)]), name="weight"
+            )
+            net.bias = Parameter(hs.distribute_tensor(Tensor(b0), mesh, [Replicate()]), name="bias")
+        else:
+            net.weight = Parameter(Tensor(w0), name="weight")
+            net.bias = Parameter(Tensor(b0), name="bias")
+        return net, opt_cls(net.trainable_params(), learning_rate=0.05)
+
+    net, opt = make(True)
+    xin = hs.distribute_tensor(Tensor(X), mesh, [Replicate()])
+    vg = value_and_grad(lambda x: (net(x) ** 2).mean(), None, opt.parameters)
+    ref_net, ref_opt = make(False)
+    ref_vg = ms.value_and_grad(lambda x: (ref_net(x) ** 2).mean(), None, ref_opt.parameters)
+    losses, ref_losses, gpl = [], [], None
+    for _ in range(3):
+        loss, grads = vg(xin)
+        gpl = [str(g.placements) for g in grads]
+        losses.append(float(loss.full_tensor().asnumpy()))
+        opt(optimizer_grads(grads, opt.parameters))
+        rl, rg = ref_vg(Tensor(X))
+        ref_losses.append(float(rl.asnumpy()))
+        ref_opt(rg)
+    p = net.weight
+    return {
+        "losses": losses,
+        "ref": ref_losses,
+        "grad_placements": gpl,
+        "param": (type(p).__name__, p.name, p.shape, str(p.placements)),
+        "weight": p.full_tensor().asnumpy(),
+        "ref_weight": ref_net.weight.asnumpy(),
+    }
+
+
+@pytest.mark.parametrize("opt_name", ["SGD", "Adam"])
+def test_parameters_and_optimizers(ms2, opt_name):
+    res = ms2.run(check_parameters, opt_name)
+    for out in res:
+        np.testing.assert_allclose(out["losses"], out["ref"], rtol=1e-5)
+        assert out["losses"][2] != out["losses"][0]  # the optimizer did update
+        assert out["grad_placements"] == ["(Shard(dim=0),)", "(Partial(sum),)"]
+        assert out["param"] == ("ParameterMindSporeDTensor", "weight", (4, 4), "(Shard(dim=0),)")
+        np.testing.assert_allclose(out["weight"], out["ref_weight"], rtol=1e-5, atol=1e-6)
