@@ -461,9 +461,18 @@ class BoundOp:
         return a
 
 
+_IMMUTABLE = frozenset({int, float, bool, str, bytes, complex, type(None)})
+
+
 def _hashable(v: Any) -> Any:
-    if isinstance(v, list):
-        return tuple(_hashable(x) for x in v)
+    """A hashable, exact stand-in for a static argument value (cache key part)."""
+    t = type(v)
+    if t in _IMMUTABLE:
+        return v
+    if t is tuple or t is list:
+        return (t, *(_hashable(x) for x in v))
+    if t is slice:
+        return (slice, _hashable(v.start), _hashable(v.stop), _hashable(v.step))
     if isinstance(v, dict):
         return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
     try:

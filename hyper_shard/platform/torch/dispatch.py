@@ -176,8 +176,12 @@ def torch_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         return _slow(func, args, kwargs)
     _STATS["hits"] += 1
     _CACHE.move_to_end(key)
-    if dec.needs_redist or dec.overrides or dec.inplace:
+    if dec.needs_redist or dec.inplace:
         return _DISPATCHER.execute(bound, func, args, kwargs, dts, dec)  # type: ignore[union-attr]
+    if dec.overrides:
+        replace = bound.binder.replace
+        for name, value in dec.overrides.items():
+            args, kwargs = replace(args, kwargs, name, value)
     with _NoTF():
         out = (dec.impl or func)(*args, **kwargs)
     if type(out) is _Tensor:
