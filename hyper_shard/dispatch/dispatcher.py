@@ -26,10 +26,13 @@ __all__ = ["Dispatcher", "config", "cache_info", "clear_cache"]
 
 class _Config:
     """Dispatcher policy. ``fallback``: ``"error"`` (default) or ``"replicate"``;
-    ``cache_size``: decisions kept (LRU)."""
+    ``cache_size``: decisions kept (LRU); ``implicit_replication``: treat plain tensors
+    mixed with DTensors as ``Replicate`` (set by
+    :func:`hyper_shard.experimental.implicit_replication`)."""
 
     fallback: str = "error"
     cache_size: int = 8192
+    implicit_replication: bool = False
 
 
 config = _Config()
@@ -83,6 +86,8 @@ class Dispatcher:
         self.decompose = decompose
 
     def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if config.implicit_replication:
+            args, kwargs = self._replicate_plain(args, kwargs)
         if kwargs and kwargs.get("out") is not None:
             return self._with_out(func, args, kwargs)
         bound = self.lookup(func)
@@ -96,6 +101,53 @@ class Dispatcher:
             _STATS["hits"] += 1
             _CACHE.move_to_end(key)
         return self.execute(bound, func, args, kwargs, dts, dec)
+
+    def _replicate_plain(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Under implicit replication: every plain tensor of rank >= 1 next to a DTensor
+        becomes a ``Replicate`` DTensor on that DTensor's mesh (an alias: same storage,
+        autograd kept). The plain tensor must hold the same values on every rank, as in
+        PyTorch DTensor's ``implicit_replication``; ``out=`` tensors are left alone."""
+        is_dt = self.is_dtensor
+        plain = self.platform.is_tensor
+        mesh = None
+        found = False
+
+        def scan(a: Any) -> None:
+            nonlocal mesh, found
+            if is_dt(a):
+                if mesh is None:
+                    mesh = a._spec.mesh
+            elif type(a) in (list, tuple):
+                for x in a:
+                    scan(x)
+            elif plain(a) and len(self.platform.shape(a)) > 0:
+                found = True
+
+        for a in args:
+            scan(a)
+        for k, v in kwargs.items():
+            if k != "out":
+                scan(v)
+        if mesh is None or not found:
+            return args, kwargs
+        from ..placement import Replicate
+        from ..spec import DTensorSpec
+
+        plat = self.platform
+        reps = [Replicate()] * mesh.ndim
+
+        def conv(a: Any) -> Any:
+            if is_dt(a):
+                return a
+            if type(a) in (list, tuple):
+                return type(a)(conv(x) for x in a)
+            if plain(a) and len(plat.shape(a)) > 0:
+                return plat.wrap(a, DTensorSpec(mesh, reps, plat.tensor_meta(a)))
+            return a
+
+        args = tuple(conv(a) for a in args)
+        kwargs = {k: (v if k == "out" else conv(v)) for k, v in kwargs.items()}
+        return args, kwargs
 
     def execute(
         self, bound: BoundOp, func: Any, args: tuple, kwargs: dict, dts: list, dec: Decision
@@ -195,7 +247,9 @@ class Dispatcher:
                         f"{pname}: got a plain {type(a).__name__} of shape "
                         f"{tuple(self.platform.shape(a))} for {name!r} mixed with DTensor inputs "
                         f"({', '.join(fmt_placements(d._spec) for d in dts)}); convert it with "
-                        f"distribute_tensor(t, mesh, [Replicate()]) or DTensor.from_local first"
+                        f"distribute_tensor(t, mesh, [Replicate()]) or DTensor.from_local first, "
+                        f"or call inside `with hyper_shard.experimental.implicit_replication():` "
+                        f"if it holds the same values on every rank"
                     )
 
         for i, a in enumerate(args):

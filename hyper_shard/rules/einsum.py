@@ -248,3 +248,61 @@ class MatmulOp(EinsumOp):
         if b >= 2:
             outs.append("n")
         return parse_equation(f"{left}, {right} -> {' '.join(outs)}")
+
+
+class _EinsumCallParams(RuleParams):
+    bias: None = None
+    bias_arg: str = "bias"
+    equation: str = "from the call"
+
+
+def torch_einsum_equation(eq: Any) -> Equation:
+    """Parse a ``torch.einsum`` equation (``"bij,bjk->bik"``, spaces ignored, ``...``
+    allowed; without ``->`` the output is the labels used once, in alphabetical order,
+    after ``...``, as torch.einsum).
+
+    Raises:
+        ValueError: not a string, or a label repeated within one operand (a diagonal, which
+            no sharding rule here describes).
+    """
+    if not isinstance(eq, str):
+        raise ValueError(f"einsum: the equation must be a string, got {type(eq).__name__}")
+    s = eq.replace(" ", "")
+    if "->" not in s:
+        lhs = s
+        counts: dict[str, int] = {}
+        for part in lhs.split(","):
+            for lab in _labels(part):
+                counts[lab] = counts.get(lab, 0) + 1
+        ell = ["..."] if "..." in counts else []
+        s = (
+            lhs
+            + "->"
+            + "".join(ell + sorted(k for k, v in counts.items() if v == 1 and k != "..."))
+        )
+    lhs, _, rhs = s.partition("->")
+    spaced = ",".join(" ".join(_labels(p)) for p in lhs.split(",")) + "->" + " ".join(_labels(rhs))
+    return parse_equation(spaced)
+
+
+@register_rule("einsum_call")
+class EinsumCallOp(EinsumOp):
+    """``torch.einsum(equation, *operands)`` (or ``einsum(equation, [operands])``): the
+    einsum rule with the equation read from the call (a static argument, part of the cache
+    key). Every operand must be a DTensor on one mesh; an equation that takes a diagonal
+    (``"ii->i"``) raises :class:`~hyper_shard.errors.ShardingError`."""
+
+    Params = _EinsumCallParams  # type: ignore[assignment]
+    signature = ("equation", "*operands")  # type: ignore[assignment]
+
+    def __init__(self, name: str, params: Any = None) -> None:
+        super().__init__(name, params)
+        if self.params.static_args is None:
+            self.static_names = ("equation",)
+
+    def equation(self, call: OpCall) -> Equation:
+        eq = call.static.get("equation")
+        try:
+            return torch_einsum_equation(eq)
+        except ValueError as e:
+            raise ShardingError(f"{call.describe()}: {e}") from None

@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import Field
+
 from ..dispatch.op import Binder, DistributedOp, Layout, OpCall
 from ..dispatch.search import SingleDimStrategy, search_strategy
 from ..errors import ShardingError
@@ -231,7 +233,7 @@ def _dims_arg(v: Any, ndim: int, what: str) -> list[int]:
 # ---------------------------------------------------------------------- the tensor_op rule
 TensorOpKind = Literal[
     "cat", "stack", "split", "chunk", "unbind", "narrow", "select", "flip", "repeat", "triu",
-    "tril",
+    "tril", "scan", "sort", "topk", "roll",
 ]  # fmt: skip
 
 _SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -249,13 +251,21 @@ _SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "repeat": (("input", "*repeats"), ("repeats",)),
     "triu": (("input", "diagonal"), ("diagonal",)),
     "tril": (("input", "diagonal"), ("diagonal",)),
+    "scan": (("input", "dim"), ("dim",)),
+    "sort": (("input", "dim", "descending"), ("dim",)),
+    "topk": (("input", "k", "dim", "largest", "sorted"), ("k", "dim")),
+    "roll": (("input", "shifts", "dims"), ("shifts", "dims")),
 }
 
 
 class TensorOpParams(RuleParams):
-    """``kind``: which op the entry is (see the module docstring)."""
+    """``kind``: which op the entry is (see the module docstring). ``outputs``: how many
+    tensors the op returns (``sort``: values and indices; ``argsort``: 1). ``linear``: a
+    ``scan`` that is linear in its input (``cumsum``), so ``Partial(sum)`` passes through."""
 
     kind: TensorOpKind
+    outputs: int = Field(default=1, ge=1)
+    linear: bool = False
 
 
 @register_rule("tensor_op")
@@ -425,6 +435,61 @@ class TensorOp(PlannedOp):
         shape = tuple(reps[:lead]) + tuple(n * r for n, r in zip(spec.shape, reps[lead:]))
         keep = {d: d + lead for d in range(spec.ndim) if reps[lead + d] == 1}
         return OpPlan([shape], keep_strategies([keep], 1, partials_of([spec])))
+
+    # -- along one dim: scans, sorts, rolls ---------------------------------------
+    def _along(
+        self, spec: Any, touched: set[int], shape: tuple[int, ...], partials: list
+    ) -> OpPlan:
+        keep = {d: d for d in range(spec.ndim) if d not in touched}
+        n = self.params.outputs
+        return OpPlan([shape] * n, keep_strategies([keep], n, partials))
+
+    def _plan_scan(self, call: OpCall, st: dict) -> OpPlan:
+        # cumsum/cumprod/cummax/cummin/logcumsumexp: the scanned dim is gathered; only a
+        # linear scan (cumsum) lets Partial(sum) through
+        spec = self._one(call)
+        if st.get("dim") is None:
+            raise TypeError(f"{self.name} needs dim")
+        dim = normalize_dim(as_int(st["dim"], "dim"), max(spec.ndim, 1), "dim")
+        sums = [p for p in partials_of([spec]) if p.reduce_op == "sum"]
+        return self._along(spec, {dim}, spec.shape, sums if self.params.linear else [])
+
+    def _plan_sort(self, call: OpCall, st: dict) -> OpPlan:
+        # sort/argsort/msort: the sorted dim is gathered; never Partial (not linear)
+        spec = self._one(call)
+        dim = normalize_dim(as_int(_pick(st, "dim", None, -1), "dim"), max(spec.ndim, 1), "dim")
+        return self._along(spec, {dim} if spec.ndim else set(), spec.shape, [])
+
+    def _plan_topk(self, call: OpCall, st: dict) -> OpPlan:
+        spec = self._one(call)
+        k = as_int(st.get("k"), "k")
+        dim = normalize_dim(as_int(_pick(st, "dim", None, -1), "dim"), max(spec.ndim, 1), "dim")
+        n = spec.shape[dim] if spec.ndim else 1
+        if not 0 <= k <= n:
+            raise IndexError(f"topk: selected index k ({k}) out of range for dim of size {n}")
+        shape = list(spec.shape)
+        if spec.ndim:
+            shape[dim] = k
+        return self._along(spec, {dim} if spec.ndim else set(), tuple(shape), [])
+
+    def _plan_roll(self, call: OpCall, st: dict) -> OpPlan:
+        # rolled dims are gathered; dims=None rolls the flattened tensor: every dim is
+        # gathered. Elements only move, so every Partial passes through.
+        spec = self._one(call)
+        shifts, dims = st.get("shifts"), st.get("dims")
+        if shifts is None:
+            raise TypeError("roll needs shifts")
+        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+            touched = set(range(spec.ndim))
+        else:
+            n_sh = len(shifts) if isinstance(shifts, (list, tuple)) else 1
+            dl = _dims_arg(dims, spec.ndim, "roll") if spec.ndim else []
+            if n_sh != len(dl):
+                raise ValueError(
+                    f"roll: shifts and dimensions must align. shifts: {n_sh}, dims: {len(dl)}"
+                )
+            touched = set(dl)
+        return self._along(spec, touched, spec.shape, partials_of([spec]))
 
     # -- triangles ----------------------------------------------------------------
     def _plan_triu(self, call: OpCall, st: dict) -> OpPlan:

@@ -287,8 +287,9 @@ def _backward(args: Any, kwargs: dict) -> None:
             )
         local = _local(self)
         seed = local_derivative(plat, _local(gradient).detach(), gradient._spec.placements, spec)
-    with DisableTorchFunctionSubclass():
-        torch.autograd.backward(local, seed, **opts)
+    # local and seed are plain tensors; torch functions stay enabled so that tensor hooks
+    # (register_hook) run during this backward see DTensor arithmetic, not plain locals
+    torch.autograd.backward(local, seed, **opts)
 
 
 @_on(T.register_hook)

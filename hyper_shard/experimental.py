@@ -1,0 +1,40 @@
+"""Opt-in behaviours that PyTorch DTensor keeps under ``torch.distributed.tensor.experimental``.
+
+:func:`implicit_replication` lets plain tensors take part in ops on DTensors, as PyTorch
+DTensor's context of the same name does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from .dispatch.dispatcher import config
+
+__all__ = ["implicit_replication"]
+
+
+@contextmanager
+def implicit_replication() -> Iterator[None]:
+    """Treat plain tensors mixed with DTensors as ``Replicate`` DTensors, as PyTorch
+    DTensor's ``torch.distributed.tensor.experimental.implicit_replication``.
+
+    Inside the context, an op on DTensors that also receives a plain tensor of rank >= 1
+    (a mask, an index tensor, a bias, labels...) wraps that tensor as a ``Replicate``
+    DTensor on the mesh of the op's first DTensor argument (an alias: no copy, autograd
+    kept), then dispatches as usual. Outside it, such a call raises
+    :class:`~hyper_shard.errors.ShardingError` naming the op and the argument (0-d tensors
+    are always accepted as scalars).
+
+    The plain tensor must hold the same values on every rank (it is the global tensor);
+    nothing checks that. A gradient flowing back to it is each rank's local contribution
+    (as with PyTorch DTensor), so give it ``requires_grad=False`` or reduce it yourself.
+    Works on both backends (PyTorch and MindSpore); the flag is process-wide and
+    restored on exit, also when the body raises.
+    """
+    old = config.implicit_replication
+    config.implicit_replication = True
+    try:
+        yield
+    finally:
+        config.implicit_replication = old
