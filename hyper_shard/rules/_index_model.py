@@ -23,7 +23,7 @@ _INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "long", "int")
 
 
 def _dtype_kind(dtype: Any) -> str:
-    name = str(dtype).rsplit(".", 1)[-1]
+    name = str(dtype).rsplit(".", 1)[-1].lower()  # torch.int64, MindSpore's Int32
     if name in ("bool", "uint8"):  # torch reads a uint8 index as a (deprecated) mask
         return "bool"
     if name in _INT_DTYPES or name.startswith(("int", "uint")):

@@ -1,14 +1,21 @@
-"""Embedding lookups: ``torch.nn.functional.embedding(input, weight, padding_idx, max_norm,
-norm_type, scale_grad_by_freq, sparse)`` (``rule: embedding``).
+"""Embedding lookups (``rule: embedding``): ``torch.nn.functional.embedding(input, weight,
+padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)`` (``kind: embedding``, the
+default) and the same lookup along any axis, ``Gather(params, indices, axis, batch_dims)``
+(``kind: gather``: MindSpore's ``ops.gather``/``ops.Gather``, which ``nn.Embedding`` runs;
+``numpy.take`` semantics, ``batch_dims`` 0). An embedding is the gather of a 2-D weight
+along axis 0. Canonical names: ``input`` the indices, ``weight`` the looked-up tensor.
 
-Per mesh dim (semantics as ``torch.nn.functional.embedding`` on the global tensors):
+Per mesh dim (semantics as the op on the global tensors; ``a`` the axis, ``k`` the
+indices' rank; the output is ``weight.shape[:a] + input.shape + weight.shape[a+1:]``):
 
-* indices sharded on a dim ``j``, weight Replicate -> output sharded on ``j``;
-* indices Replicate, weight column-sharded ``Shard(1)`` -> output sharded on its last dim;
-* indices Replicate, weight row-sharded ``Shard(0)`` (vocab-parallel) -> output
-  ``Partial(sum)``: each rank looks up the rows it holds; indices outside its range read
-  local row 0 and are masked to zero (so they contribute neither a value nor a gradient);
-  ``padding_idx`` is passed to the rank holding that row only, shifted to its local index;
+* indices sharded on a dim ``j``, weight Replicate -> output sharded on ``a + j``;
+* indices Replicate, weight sharded on a dim ``d != a`` (an embedding's column-sharded
+  ``Shard(1)``) -> output sharded on ``d`` (``d < a``) or ``d + k - 1`` (its last dim);
+* indices Replicate, weight sharded on the lookup axis (an embedding's row-sharded
+  ``Shard(0)``, vocab-parallel) -> output ``Partial(sum)``: each rank looks up the rows it
+  holds; indices outside its range read local row 0 and are masked to zero (so they
+  contribute neither a value nor a gradient); ``padding_idx`` is passed to the rank
+  holding that row only, shifted to its local index;
 * indices Replicate, weight ``Partial(op)`` -> output ``Partial(op)`` (a row selection
   commutes with every elementwise reduction).
 
@@ -22,121 +29,164 @@ Replicate weight (and gathers the indices).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from ..dispatch.op import Binder, Layout, OpCall
 from ..errors import ShardingError
 from ..placement import Partial, Shard
+from ..registry.models import RuleParams
 from ..spec import compute_local_shape_and_offset
 from . import register_rule
-from ._util import R
-from .tensor_ops import OpPlan, PlannedOp, partials_of
+from ._util import R, normalize_dim
+from .tensor_ops import OpPlan, PlannedOp, as_int, partials_of
 
-__all__ = ["EmbeddingOp", "VocabParallelLookup"]
+__all__ = ["EmbeddingOp", "EmbeddingParams", "VocabParallelLookup"]
 
 _PSUM = Partial("sum")
 
+_SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "embedding": (
+        ("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse"),
+        ("padding_idx", "max_norm", "scale_grad_by_freq"),
+    ),
+    "gather": (("weight", "input", "axis", "batch_dims"), ("axis", "batch_dims")),
+}
+
 
 class VocabParallelLookup:
-    """The local lookup of a row-sharded weight holding global rows ``[lo, lo + rows)``:
-    indices shifted to local rows, those outside masked to row 0 and their output rows
-    zeroed; ``padding_idx`` passed only where it is local. Called like the embedding
-    function it replaces, with local tensors."""
+    """The local lookup of a weight sharded on its lookup axis, holding global rows
+    ``[lo, lo + rows)`` of ``vocab``: indices shifted to local rows, those outside masked to
+    row 0 and their output rows zeroed; ``padding_idx`` passed only where it is local.
+    Called like the op it replaces (the same arguments, local tensors): only the indices
+    (and ``padding_idx``) are replaced before calling it."""
 
-    __slots__ = ("func", "binder", "lo", "rows", "vocab")
+    __slots__ = ("func", "binder", "lo", "rows", "vocab", "axis")
 
-    def __init__(self, func: Any, binder: Binder, lo: int, rows: int, vocab: int) -> None:
+    def __init__(
+        self, func: Any, binder: Binder, lo: int, rows: int, vocab: int, axis: int = 0
+    ) -> None:
         self.func, self.binder, self.lo, self.rows, self.vocab = func, binder, lo, rows, vocab
+        self.axis = axis
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        b = self.binder
+        b, a = self.binder, self.axis
         ids = b.get(args, kwargs, "input")
         weight = b.get(args, kwargs, "weight")
-        pad = b.get(args, kwargs, "padding_idx")
+        wshape = tuple(weight.shape)
+        ishape = tuple(ids.shape)
         if self.rows == 0:  # an empty shard: zeros, still connected to the (empty) weight
-            out = weight.new_zeros((*ids.shape, weight.shape[1]))
+            out = weight.new_zeros((*wshape[:a], *ishape, *wshape[a + 1 :]))
             return out + weight.sum() * 0
         local = ids - self.lo
         outside = (local < 0) | (local >= self.rows)
-        local = local.masked_fill(outside, 0)
-        lpad = None
+        args, kwargs = b.replace(args, kwargs, "input", local.masked_fill(outside, 0))
+        pad = b.get(args, kwargs, "padding_idx")
         if pad is not None:
             p = pad + self.vocab if pad < 0 else pad
-            if self.lo <= p < self.lo + self.rows:
-                lpad = p - self.lo
-        out = self.func(
-            local,
-            weight,
-            padding_idx=lpad,
-            norm_type=b.get(args, kwargs, "norm_type", 2.0),
-            sparse=b.get(args, kwargs, "sparse", False),
-        )
-        return out.masked_fill(outside.unsqueeze(-1), 0)
+            lpad = p - self.lo if self.lo <= p < self.lo + self.rows else None
+            args, kwargs = b.replace(args, kwargs, "padding_idx", lpad)
+        out = self.func(*args, **kwargs)
+        mask = outside.reshape((1,) * a + ishape + (1,) * (len(wshape) - a - 1))
+        return out.masked_fill(mask, 0)
+
+
+class EmbeddingParams(RuleParams):
+    """``kind``: ``embedding`` (torch's argument order, 2-D weight, axis 0) or ``gather``
+    (``Gather(params, indices, axis, batch_dims)``, any rank, any axis)."""
+
+    kind: Literal["embedding", "gather"] = "embedding"
 
 
 @register_rule("embedding")
 class EmbeddingOp(PlannedOp):
-    """``embedding(input, weight, ...)`` (see the module docstring). Global output shape:
-    ``input.shape + (weight.shape[1],)``.
+    """Lookups of ``weight`` entries by integer ``input`` indices (see the module
+    docstring). Global output shape: ``weight.shape[:axis] + input.shape +
+    weight.shape[axis+1:]`` (an embedding: ``input.shape + (weight.shape[1],)``).
 
     Raises:
-        ShardingError: indices or weight that are not DTensors, a weight that is not 2-D,
-            indices that are not integers, or ``max_norm`` with a weight that is not
-            Replicate.
+        ShardingError: indices or weight that are not DTensors, an embedding weight that is
+            not 2-D, indices that are not integers, ``batch_dims`` other than 0, or
+            ``max_norm`` with a weight that is not Replicate.
+        IndexError: an axis out of range.
     """
 
-    signature = (
-        "input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse",
-    )  # fmt: skip
-    static_args = ("padding_idx", "max_norm", "scale_grad_by_freq")
+    Params = EmbeddingParams
+    signature = _SIGNATURES["embedding"][0]
+    static_args = _SIGNATURES["embedding"][1]
+
+    def __init__(self, name: str, params: Any = None) -> None:
+        super().__init__(name, params)
+        self.use_signature(*_SIGNATURES[self.params.kind])
 
     def plan(self, call: OpCall) -> OpPlan:
         roles = call.arg_roles
-        if roles[:2] != ["input", "weight"]:
+        if sorted(roles) != ["input", "weight"]:
             raise ShardingError(
-                f"{call.describe()}: embedding needs both the indices and the weight as DTensors "
-                f"on one mesh; distribute the plain one (e.g. distribute_tensor(ids, mesh, "
-                f"[Replicate()]))"
+                f"{call.describe()}: {self.name} needs both the indices and the looked-up tensor "
+                f"as DTensors on one mesh; distribute the plain one (e.g. distribute_tensor(ids, "
+                f"mesh, [Replicate()]))"
             )
-        ids, w = call.specs[0], call.specs[1]
-        if w.ndim != 2:
-            raise ShardingError(f"{call.describe()}: 'weight' must be 2-D, got {w.ndim}-D")
-        name = str(ids.dtype).rsplit(".", 1)[-1]
+        ii, iw = roles.index("input"), roles.index("weight")
+        ids, w = call.specs[ii], call.specs[iw]
+        gather = self.params.kind == "gather"
+        if gather:
+            if w.ndim == 0:
+                raise ShardingError(f"{call.describe()}: the looked-up tensor must not be 0-d")
+            axis = normalize_dim(as_int(call.static.get("axis", 0), "axis"), w.ndim, "axis")
+            if as_int(call.static.get("batch_dims") or 0, "batch_dims") != 0:
+                raise ShardingError(
+                    f"{call.describe()}: batch_dims other than 0 is not supported; gather each "
+                    f"batch separately, or use batch_dims=0 with offset indices"
+                )
+        else:
+            if w.ndim != 2:
+                raise ShardingError(f"{call.describe()}: 'weight' must be 2-D, got {w.ndim}-D")
+            axis = 0
+        name = str(ids.dtype).rsplit(".", 1)[-1].lower()
         if not name.startswith(("int", "uint", "long")):
             raise ShardingError(
                 f"{call.describe()}: Expected tensor for argument 'indices' to have one of the "
                 f"following scalar types: Long, Int; but got {ids.dtype} instead"
             )
         k = ids.ndim
-        out_shape = (*ids.shape, w.shape[1])
+        out_shape = (*w.shape[:axis], *ids.shape, *w.shape[axis + 1 :])
         max_norm = call.static.get("max_norm")
         by_freq = bool(call.static.get("scale_grad_by_freq"))
+
+        def pair(pi: Any, pw: Any) -> tuple:
+            ins = [R, R]
+            ins[ii], ins[iw] = pi, pw
+            return tuple(ins)
+
         if max_norm is not None:
             if any(type(p) is not type(R) for p in w.placements):
                 raise ShardingError(
                     f"{call.describe()}: max_norm renormalises weight rows in place, which needs "
                     f"a Replicate weight; redistribute the weight to Replicate() or drop max_norm"
                 )
-            return OpPlan([out_shape], [], fixed=(1,))
+            return OpPlan([out_shape], [], fixed=(iw,))
         strategies: list = []
         if not by_freq:
-            strategies += [((Shard(j),), (Shard(j), R)) for j in range(k)]
-        strategies.append(((Shard(k),), (R, Shard(1))))
-        torch_call = call.platform_name.startswith("torch.")
-        if not by_freq and torch_call:
-            strategies.append(((_PSUM,), (R, Shard(0))))
-        strategies += [((p,), (R, p)) for p in partials_of([w])]
+            strategies += [((Shard(axis + j),), pair(Shard(j), R)) for j in range(k)]
+        for d in range(w.ndim):
+            if d != axis:
+                strategies.append(((Shard(d if d < axis else d + k - 1),), pair(R, Shard(d))))
+        if not by_freq:
+            strategies.append(((_PSUM,), pair(R, Shard(axis))))
+        strategies += [((p,), pair(R, p)) for p in partials_of([w])]
         mesh = call.mesh
         binder = call.binder or self.binder
         func = call.func
 
         def local(layout: Layout) -> Layout:
-            wt = layout.inputs[1]
+            wt = layout.inputs[iw]
             coord = mesh.get_coordinate()
-            if wt is None or coord is None or not any(p == Shard(0) for p in wt):
+            if wt is None or coord is None or not any(p == Shard(axis) for p in wt):
                 return layout
             ls, off = compute_local_shape_and_offset(w.shape, mesh.shape, wt, coord)
-            layout.impl = VocabParallelLookup(func, binder, off[0], ls[0], w.shape[0])
+            layout.impl = VocabParallelLookup(
+                func, binder, off[axis], ls[axis], w.shape[axis], axis
+            )
             return layout
 
         return OpPlan([out_shape], strategies, local=local)

@@ -1,5 +1,7 @@
-"""Indexing: ``Tensor.__getitem__``, ``Tensor.__setitem__``, index_select, gather, scatter and
-scatter_add (``rule: index``, ``kind:`` picks the op).
+"""Indexing: ``Tensor.__getitem__``, ``Tensor.__setitem__``, index_select, gather, scatter,
+scatter_add and the strided slice ``StridedSlice(input, begin, end, strides, begin_mask,
+end_mask, ellipsis_mask, new_axis_mask, shrink_axis_mask)`` (``rule: index``, ``kind:``
+picks the op).
 
 Semantics are torch's on the GLOBAL tensor (ints, slices with steps, None, Ellipsis, python
 bools, integer index DTensors and lists; as in torch, ints are applied first and the
@@ -28,6 +30,16 @@ with DTensors); python ints, slices, lists and 0-d tensors are fine.
 index_select and gather gather the indexed dim of ``input``; the index may stay sharded
 (the output follows it). scatter/scatter_add keep shards on dims where input, index and
 src have the same size; ``scatter_add`` keeps ``Partial(sum)``.
+
+``strided_slice`` (MindSpore's ``ops.strided_slice``/``ops.StridedSlice``, as documented) is
+read as the index it stands for (position ``i`` of ``begin``/``end``/``strides`` is an int
+or a slice, as the mask bits say) and decided as ``__getitem__``; a negative stride gathers
+its dim. The local call is the op itself; a sharded dim the slice keeps whole gets the
+rank-local ``begin`` 0 and ``end`` its local size. Forms MindSpore 2.10's kernel computes
+differently from its documentation (``ellipsis_mask``, ``new_axis_mask``, a negative stride
+with a begin/end mask bit or a begin outside the dim, ``shrink_axis_mask`` with
+``begin_mask`` on one position: wrong or uninitialised values on CPU) raise a
+``ShardingError`` pointing to ``x[...]``.
 """
 
 from __future__ import annotations
@@ -40,15 +52,25 @@ from ..dispatch.op import Layout, OpCall
 from ..errors import ShardingError
 from ..placement import Partial, Placement, Shard
 from ..registry.models import RuleParams
+from ..spec import compute_local_shape_and_offset
 from . import register_rule
 from ._index_model import IndexForm, local_slice, parse_index
 from ._util import R, normalize_dim
 from .tensor_create import scalar_off_coordinate0 as _scalar_off_coordinate0
 from .tensor_ops import OpPlan, PlannedOp, as_int, keep_strategies, partials_of
 
-__all__ = ["IndexOp", "IndexParams", "IndexForm", "parse_index"]
+__all__ = ["IndexOp", "IndexParams", "IndexForm", "parse_index", "strided_slice_index"]
 
-IndexKind = Literal["getitem", "setitem", "index_select", "gather", "scatter", "scatter_add"]
+IndexKind = Literal[
+    "getitem", "setitem", "index_select", "gather", "scatter", "scatter_add", "strided_slice"
+]
+
+_MASKS = ("begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask")
+_UNSUPPORTED_STRIDED = (
+    "{call}: {what}: MindSpore 2.10's StridedSlice kernel does not follow its documented "
+    "semantics for this form (checked on CPU: wrong or uninitialised values), so a sharded "
+    "result could not match it; index the DTensor with x[...] instead (the __getitem__ entry)"
+)
 
 _SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "getitem": (("input", "indices"), ("indices",)),
@@ -57,6 +79,10 @@ _SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gather": (("input", "dim", "index", "sparse_grad"), ("dim",)),
     "scatter": (("input", "dim", "index", "src", "reduce"), ("dim", "reduce")),
     "scatter_add": (("input", "dim", "index", "src"), ("dim",)),
+    "strided_slice": (
+        ("input", "begin", "end", "strides", *_MASKS),
+        ("begin", "end", "strides", *_MASKS),
+    ),
 }
 
 
@@ -174,12 +200,7 @@ class IndexOp(PlannedOp):
                 f"torch.where(mask, x, 0) or x.masked_fill(~mask, 0) (same shape), write with "
                 f"x[mask] = value, or index the full tensors: x.full_tensor()[mask.full_tensor()]"
             )
-        n_in = len(call.specs)
-        maps: list[dict[int, int] | None] = [form.keep] + [None] * (n_in - 1)
-        for i, m in form.adv_out.items():
-            maps[i] = m
-        strategies = keep_strategies(maps, 1, partials_of([x]), [True] + [False] * (n_in - 1))
-        plan = OpPlan([tuple(int(s) for s in form.out_shape)], strategies)  # type: ignore[arg-type]
+        plan = self._plan_form(call, form)
         if isinstance(index, (list, tuple)) and not any(
             it.kind in ("slice", "new", "ellipsis") or it.spec is not None for it in form.items
         ):
@@ -190,6 +211,85 @@ class IndexOp(PlannedOp):
                 return layout
 
             plan.local = local
+        return plan
+
+    def _plan_form(self, call: OpCall, form: IndexForm) -> OpPlan:
+        """``x[index]`` given its parsed form: untouched dims keep their shards, index
+        DTensors their mapped ones, Partial values of ``x`` pass through."""
+        x = call.specs[0]
+        n_in = len(call.specs)
+        maps: list[dict[int, int] | None] = [form.keep] + [None] * (n_in - 1)
+        for i, m in form.adv_out.items():
+            maps[i] = m
+        strategies = keep_strategies(maps, 1, partials_of([x]), [True] + [False] * (n_in - 1))
+        return OpPlan([tuple(int(s) for s in form.out_shape)], strategies)  # type: ignore[arg-type]
+
+    # -- strided slice ----------------------------------------------------------------
+    def _plan_strided_slice(self, call: OpCall) -> OpPlan:
+        x = call.specs[0]
+        if call.arg_roles != ["input"]:
+            raise ShardingError(
+                f"{call.describe()}: a strided slice takes one tensor and python begin/end/"
+                f"strides; pass them as tuples of ints"
+            )
+        st = call.static
+        begin: Any = st.get("begin")
+        end: Any = st.get("end")
+        strides: Any = st.get("strides")
+        bm, em, ell, new, shrink = (st.get(m) or 0 for m in _MASKS)
+        index = strided_slice_index(begin, end, strides, bm, em, ell, new, shrink)
+
+        def unsupported(what: str) -> ShardingError:
+            return ShardingError(_UNSUPPORTED_STRIDED.format(call=call.describe(), what=what))
+
+        if ell or new:
+            raise unsupported("ellipsis_mask/new_axis_mask")
+        if len(index) > x.ndim:
+            raise IndexError(f"too many indices for tensor of dimension {x.ndim}")
+        # a reversed (negative-step) slice plans as a positive one of its length, touched
+        plan_index: list[Any] = []
+        reversed_dims = []
+        for d, it in enumerate(index):
+            bit = 1 << d
+            if isinstance(it, slice) and it.step < 0:
+                n = x.shape[d]
+                if bm & bit or em & bit or not -n <= it.start < n:
+                    raise unsupported(
+                        f"a negative stride with a begin/end mask bit or a begin outside the "
+                        f"dim (position {d})"
+                    )
+                plan_index.append(slice(0, len(range(*it.indices(n)))))
+                reversed_dims.append(d)
+            else:
+                if shrink & bit and bm & bit:
+                    raise unsupported(f"shrink_axis_mask and begin_mask on one position ({d})")
+                plan_index.append(it)
+        form = parse_index(x.shape, tuple(plan_index))
+        for d in reversed_dims:
+            if d in form.keep:  # a whole reversed dim is still touched
+                form.slices[d] = (form.items[d], form.keep.pop(d))
+        plan = self._plan_form(call, form)
+        whole = {d for d in range(len(index)) if d in form.keep}
+        if not whole:
+            return plan
+        mesh = call.mesh
+
+        def local(layout: Layout) -> Layout:
+            # a sharded dim kept whole is sliced over its local extent: begin 0, end the
+            # local size (rank-local arguments; a masked begin/end ignores them)
+            tgt = tuple(layout.inputs[0] or x.placements)
+            sharded = sorted({p.dim for p in tgt if type(p) is Shard} & whole)
+            coord = mesh.get_coordinate()
+            if not sharded or coord is None:
+                return layout
+            ls, _ = compute_local_shape_and_offset(x.shape, mesh.shape, tgt, coord)
+            b, e = list(begin), list(end)
+            for d in sharded:
+                b[d], e[d] = 0, ls[d]
+            layout.overrides = {"begin": tuple(b), "end": tuple(e)}
+            return layout
+
+        plan.local = local
         return plan
 
     # -- __setitem__ --------------------------------------------------------------
@@ -349,6 +449,59 @@ class IndexOp(PlannedOp):
         return OpPlan([x.shape], keep_strategies(maps, 1, partials, flags))
 
     _plan_scatter_add = _plan_scatter
+
+
+def strided_slice_index(
+    begin: Sequence[int],
+    end: Sequence[int],
+    strides: Sequence[int],
+    begin_mask: int = 0,
+    end_mask: int = 0,
+    ellipsis_mask: int = 0,
+    new_axis_mask: int = 0,
+    shrink_axis_mask: int = 0,
+) -> tuple:
+    """The python index ``x[index]`` a strided slice stands for: position ``i`` is an
+    Ellipsis (``ellipsis_mask`` bit ``i``), a new axis (``new_axis_mask``), the int
+    ``begin[i]`` (``shrink_axis_mask``) or ``slice(begin[i], end[i], strides[i])`` with the
+    start (``begin_mask``) or stop (``end_mask``) left open; dims past the last position are
+    whole.
+
+    Raises:
+        ValueError: begin/end/strides of different lengths, a zero stride.
+        TypeError: an argument that is not a sequence of ints.
+    """
+    for name, v in (("begin", begin), ("end", end), ("strides", strides)):
+        if not isinstance(v, (tuple, list)):
+            raise TypeError(f"strided slice: {name} must be a tuple of ints, got {v!r}")
+    n = len(begin)
+    if len(end) != n or len(strides) != n:
+        raise ValueError(
+            f"strided slice: begin, end and strides must have the same length, got "
+            f"{len(begin)}, {len(end)} and {len(strides)}"
+        )
+    items: list[Any] = []
+    for i in range(n):
+        bit = 1 << i
+        if ellipsis_mask & bit:
+            items.append(Ellipsis)
+        elif new_axis_mask & bit:
+            items.append(None)
+        else:
+            step = as_int(strides[i], "strides")
+            if step == 0:
+                raise ValueError("strided slice: strides must not be 0")
+            if shrink_axis_mask & bit:
+                items.append(as_int(begin[i], "begin"))
+                continue
+            items.append(
+                slice(
+                    None if begin_mask & bit else as_int(begin[i], "begin"),
+                    None if end_mask & bit else as_int(end[i], "end"),
+                    step,
+                )
+            )
+    return tuple(items)
 
 
 def _value_shard(vspec: Any, form: IndexForm, o: int, out_nd: int) -> Placement:

@@ -60,6 +60,9 @@ def samples() -> dict[str, list[Sample]]:
     M, A3, B3 = _rs(4, 4, 3), _rs(5, 3, 5, 4), _rs(6, 3, 4, 2)
     W, bias = _rs(7, 3, 4), _rs(8, 3)
     row, A1 = _rs(9, 1, 4), _rs(10, 1, 5, 4)
+    E = _rs(12, 7, 4)  # an embedding table: 7 rows (uneven shards)
+    ids = np.array([[0, 6, 3], [2, 6, 1]], np.int32)
+    idx = np.array([3, 0, 2, 2], np.int32)
 
     def S(desc: str, fn: Callable, *inputs: np.ndarray, **kw: Any) -> Sample:
         return Sample(desc, fn, list(inputs), **kw)
@@ -226,6 +229,45 @@ def samples() -> dict[str, list[Sample]]:
             S("a[None, ..., -1]", lambda a: a[None, ..., -1], A),
         ],
         "__setitem__": [S("a[1] = 5; a[3:, 1] = -2", setitem, A, grad=nograd)],
+        "Embedding": [S("F.embedding(ids, e)", lambda i, e: F.embedding(i, e), ids, E)],
+        "Gather": [
+            S("ops.gather(e, ids, 0)", lambda e, i: ops.gather(e, i, 0), E, ids),
+            S("ops.Gather()(a3, idx, 1)", lambda a, i: ops.Gather()(a, i, 1), A3, idx),
+            S("ops.gather(a, idx, -1)", lambda a, i: ops.gather(a, i, -1), A, idx),
+        ],
+        "StridedSlice": [
+            S(
+                "ops.strided_slice(a, (1, 0), (4, 4), (2, 1))",
+                lambda a: ops.strided_slice(a, (1, 0), (4, 4), (2, 1)),
+                A,
+            ),
+            S(
+                "ops.strided_slice(a3, (0, 1, 0), (3, 4, 4), (1, 1, 2))",
+                lambda a: ops.strided_slice(a, (0, 1, 0), (3, 4, 4), (1, 1, 2)),
+                A3,
+            ),
+            S(
+                "ops.strided_slice(a, (-5, 1), (9, 0), (1, 1), end_mask=2)",
+                lambda a: ops.strided_slice(a, (-5, 1), (9, 0), (1, 1), end_mask=2),
+                A,
+            ),
+            S(
+                "ops.StridedSlice(shrink_axis_mask=2)(a3, (0, 2), (3, 3), (1, 1))",
+                lambda a: ops.StridedSlice(shrink_axis_mask=2)(a, (0, 2), (3, 3), (1, 1)),
+                A3,
+            ),
+            S(  # forward only: plain MindSpore's StridedSliceGrad refuses negative strides
+                "ops.strided_slice(a, (4, 3), (0, -5), (-2, -1))",
+                lambda a: ops.strided_slice(a, (4, 3), (0, -5), (-2, -1)),
+                A,
+                grad=nograd,
+            ),
+        ],
+        "InplaceCopy": [
+            S("a.copy_(b)", inplace("copy_"), A, B, grad=nograd),
+            S("(a * 1).copy_(b)", lambda a, b: (a * 1).copy_(b), A, B),
+            S("(a * 1).copy_(row) (broadcast)", lambda a, r: (a * 1).copy_(r), A, row),
+        ],
     }
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mindspore import Parameter, Tensor
+from mindspore import Parameter, Tensor, ops
 from mindspore._c_expression import NoFallbackGuard
 
 from ...dispatch.dispatcher import _CACHE, _STATS, Dispatcher
@@ -75,7 +75,7 @@ MISSING_KERNEL_HINTS = {
     "ZerosLikeExt": "use ops.zeros_like or mint.zeros(shape)",
     "OnesLikeExt": "use ops.ones_like or mint.ones(shape)",
     "LayerNormExt": "use ops.LayerNorm(-1, -1) or a manual mint layer norm",
-    "Embedding": "use ops.gather(weight, indices, 0)",
+    "Embedding": "use mindspore.nn.Embedding or ops.gather(weight, indices, 0) (Gather)",
     "LogSoftmaxExt": "use ops.log_softmax(x, axis)",
     "GeluExt": "use ops.gelu(x)",
     "DropoutExt": "use ops.dropout(x, p, training=True)",
@@ -188,6 +188,7 @@ def _plain(a: Any) -> Any:
 
 _alias = Tensor._make_subclass
 _SCALARS = frozenset({int, float, bool, type(None), str})
+_OWNED_SOURCES = frozenset({"InplaceCopy"})
 
 
 def _run_local(fn: Any, args: tuple, kwargs: dict) -> Any:
@@ -201,6 +202,10 @@ def _run_local(fn: Any, args: tuple, kwargs: dict) -> Any:
     )
     before = plain[0].data_ptr() if watch else 0
     with NoFallbackGuard():
+        if name in _OWNED_SOURCES and len(plain) > 1 and isinstance(plain[1], Tensor):
+            # MindSpore 2.10's CPU InplaceCopy checks a source view's whole storage size (a
+            # redistributed Shard is a narrow view of the gathered tensor): copy it first
+            plain = (plain[0], ops.deepcopy(plain[1]), *plain[2:])
         out = fn(*plain, **{k: _plain(v) for k, v in kwargs.items()} if kwargs else {})
         if watch and name is not None and isinstance(out, Tensor) and out is not target:
             # CPU: Inplace* kernels return a new tensor and leave the target unchanged
