@@ -1,10 +1,13 @@
 """Tensor-parallel training of a MindSpore MLP on CPU ranks, checked against one process.
 
-The model is a stack of residual MLP blocks (``x + down(silu(up(x)))``, ``mint.nn.Linear``
-layers) and a linear head. ``hyper_shard.parallel.parallelize_module`` shards every
-block Megatron-style with the same plan classes as on torch — ``up``: ``ColwiseParallel``
-(weight ``Shard(0)``), ``down``: ``RowwiseParallel`` (weight ``Shard(1)``, one all-reduce
-per block) — and the head stays replicated. The TP job runs on ``--world`` spawned CPU
+The model reads token ids through an input embedding (``mindspore.nn.Embedding``), then a
+stack of residual MLP blocks (``x + down(silu(up(x)))``, ``mint.nn.Linear`` layers) and a
+linear head. ``hyper_shard.parallel.parallelize_module`` shards it with the same plan
+classes as on torch: the embedding vocab-parallel — ``RowwiseParallel(input_layouts=
+Replicate())`` (table ``Shard(0)``, each rank looks up its rows, one all-reduce) — every
+block Megatron-style — ``up``: ``ColwiseParallel`` (weight ``Shard(0)``), ``down``:
+``RowwiseParallel`` (weight ``Shard(1)``, one all-reduce per block) — and the head stays
+replicated. The TP job runs on ``--world`` spawned CPU
 ranks (mccl through a TCPStore; MindSpore PyNative, ``launch_blocking``); the reference is
 the same model, the same data and the same ``nn.SGD`` in a single plain MindSpore process.
 
@@ -27,8 +30,8 @@ from typing import Any
 import numpy as np
 
 
-def build_model(dim: int, hidden: int, blocks: int, seed: int) -> Any:
-    """The MLP with deterministic weights (numpy RNG: identical in every process)."""
+def build_model(vocab: int, dim: int, hidden: int, blocks: int, seed: int) -> Any:
+    """The model with deterministic weights (numpy RNG: identical in every process)."""
     from mindspore import Parameter, Tensor, mint, nn
 
     class Block(nn.Cell):
@@ -43,16 +46,20 @@ def build_model(dim: int, hidden: int, blocks: int, seed: int) -> Any:
     class MLP(nn.Cell):
         def __init__(self) -> None:
             super().__init__()
+            self.embed = nn.Embedding(vocab, dim)  # Gather(embedding_table, ids, 0)
             self.blocks = nn.CellList([Block() for _ in range(blocks)])
             self.head = mint.nn.Linear(dim, dim)
 
-        def construct(self, x: Any) -> Any:
+        def construct(self, ids: Any) -> Any:
+            x = self.embed(ids)
             for b in self.blocks:
                 x = b(x)
             return self.head(x)
 
     net = MLP()
     rs = np.random.RandomState(seed)
+    table = rs.randn(vocab, dim).astype(np.float32)
+    net.embed.embedding_table = Parameter(Tensor(table), name=net.embed.embedding_table.name)
     for _, cell in net.cells_and_names():
         if isinstance(cell, mint.nn.Linear):
             out_f, in_f = cell.weight.shape
@@ -64,14 +71,18 @@ def build_model(dim: int, hidden: int, blocks: int, seed: int) -> Any:
     return net
 
 
-def batches(steps: int, batch: int, dim: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """A fixed regression task: targets from a random linear map plus a nonlinearity."""
+def batches(
+    steps: int, batch: int, vocab: int, dim: int, seed: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A fixed regression task: token ids, and targets from a random per-token vector
+    through a random linear map plus a nonlinearity."""
     rs = np.random.RandomState(seed + 1)
+    true = rs.randn(vocab, dim).astype(np.float32)
     proj = rs.randn(dim, dim).astype(np.float32) / np.sqrt(dim)
     out = []
     for _ in range(steps):
-        x = rs.randn(batch, dim).astype(np.float32)
-        out.append((x, np.tanh(x @ proj)))
+        ids = rs.randint(0, vocab, (batch,)).astype(np.int32)
+        out.append((ids, np.tanh(true[ids] @ proj)))
     return out
 
 
@@ -80,15 +91,17 @@ def train(rank: int, world: int, cfg: dict) -> list[float]:
     import mindspore as ms
     from mindspore import Tensor, nn
 
-    net = build_model(cfg["dim"], cfg["hidden"], cfg["blocks"], cfg["seed"])
-    data = batches(cfg["steps"], cfg["batch"], cfg["dim"], cfg["seed"])
+    net = build_model(cfg["vocab"], cfg["dim"], cfg["hidden"], cfg["blocks"], cfg["seed"])
+    data = batches(cfg["steps"], cfg["batch"], cfg["vocab"], cfg["dim"], cfg["seed"])
     if cfg["tp"]:
         import hyper_shard as hs
+        from hyper_shard import Replicate
         from hyper_shard.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
         from hyper_shard.platform.mindspore.autograd import optimizer_grads, value_and_grad
 
         mesh = hs.init_device_mesh("CPU", (world,))
-        plan = {}
+        # vocab-parallel: the token ids are the same on every rank (Replicate)
+        plan: dict[str, Any] = {"embed": RowwiseParallel(input_layouts=Replicate())}
         for i in range(cfg["blocks"]):
             plan[f"blocks.{i}.up"] = ColwiseParallel()
             plan[f"blocks.{i}.down"] = RowwiseParallel()
@@ -118,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=2, help="tensor-parallel ranks (CPU processes)")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=50, help="input embedding rows")
     ap.add_argument("--dim", type=int, default=32)
     ap.add_argument("--hidden", type=int, default=64, help="divisible by --world")
     ap.add_argument("--blocks", type=int, default=2)
@@ -130,14 +144,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from hyper_shard.platform.mindspore.launch import spawn
 
-    cfg = {k: getattr(args, k) for k in ("steps", "dim", "hidden", "blocks", "batch", "lr", "seed")}
+    keys = ("steps", "vocab", "dim", "hidden", "blocks", "batch", "lr", "seed")
+    cfg = {k: getattr(args, k) for k in keys}
     t0 = time.time()
     ref = spawn(train, 1, {**cfg, "tp": False}, timeout=300)[0]
     t1 = time.time()
     tp = spawn(train, args.world, {**cfg, "tp": True}, timeout=300)
     t2 = time.time()
     print(
-        f"MindSpore MLP, {args.blocks} blocks {args.dim}->{args.hidden}->{args.dim}, TP on {args.world} CPU ranks"
+        f"MindSpore MLP, embedding {args.vocab}x{args.dim}, {args.blocks} blocks "
+        f"{args.dim}->{args.hidden}->{args.dim}, TP on {args.world} CPU ranks"
     )
     print(
         f"{'step':>4}  {'single process':>14}  {'TP rank 0':>12}  {'TP rank 1':>12}  {'rel diff':>9}"
