@@ -146,6 +146,12 @@ class DTensor:
         return plat.wrap(local, spec)
 
     # ------------------------------------------------------------------ conversion
+    @property
+    def _local_tensor(self) -> Any:
+        """The local shard as a plain framework tensor: an alias (same storage), as the
+        attribute of this name on PyTorch DTensor. Prefer :meth:`to_local`."""
+        return self._spec.mesh.platform.local_of(self)
+
     def to_local(self, *, grad_placements: Sequence[Placement] | None = None) -> Any:
         """This rank's shard as a plain framework tensor (as PyTorch DTensor).
 
@@ -210,12 +216,23 @@ class DTensor:
         placements: Sequence[Placement] | None = None,
         *,
         async_op: bool = False,
+        forward_dtype: Any = None,
+        backward_dtype: Any = None,
     ) -> Any:
         """The same global tensor with other placements on the same mesh (as PyTorch).
 
         Runs the cheapest plan of local chunks, all-gathers, all-reduces,
         reduce-scatters and all-to-alls (see :mod:`hyper_shard.redistribute`);
         differentiable. A collective: every rank must call it.
+
+        Args:
+            device_mesh: must be this DTensor's mesh (or None).
+            placements: the target placements (None: this DTensor unchanged).
+            async_op: accepted for PyTorch compatibility; collectives complete before return.
+            forward_dtype: as PyTorch DTensor: the local tensor is cast to this dtype before
+                the forward collectives and the result has this dtype (e.g. bf16 traffic).
+            backward_dtype: as PyTorch DTensor: the gradient is cast to this dtype for the
+                backward collectives, then back to the gradient's own dtype.
 
         Raises:
             ValueError: another mesh (cross-mesh redistribution is not supported), or
@@ -227,13 +244,25 @@ class DTensor:
                 f"redistribute: cannot move a DTensor from {spec.mesh} to another mesh "
                 f"{device_mesh}; redistribute on the same mesh, then to_local and from_local"
             )
+        plat = spec.mesh.platform
+        local = plat.local_of(self)
+        if forward_dtype is not None and forward_dtype != spec.dtype:
+            local = plat.cast(local, forward_dtype)
+            spec = DTensorSpec(spec.mesh, spec.placements, plat.tensor_meta(local, spec.shape))
+            if placements is None:
+                return plat.wrap(local, spec)
         if placements is None:
             return self
         dst = spec.with_placements(placements)
         if dst.placements == spec.placements:
-            return self
-        plat = spec.mesh.platform
-        local = redistribute_local(plat, plat.local_of(self), spec, dst)
+            return self if spec is self._spec else plat.wrap(local, spec)
+        if backward_dtype is None:
+            local = redistribute_local(plat, local, spec, dst)
+        else:
+            from .dispatch.dispatcher import redistribute_with_plan
+
+            plan = plan_redistribute(spec, dst.placements)
+            local = redistribute_with_plan(plat, local, spec, plan, backward_dtype)
         return plat.wrap(local, dst)
 
     def __repr__(self) -> str:  # framework classes override through their hooks

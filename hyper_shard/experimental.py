@@ -23,8 +23,9 @@ def implicit_replication() -> Iterator[None]:
     (a mask, an index tensor, a bias, labels...) wraps that tensor as a ``Replicate``
     DTensor on the mesh of the op's first DTensor argument (an alias: no copy, autograd
     kept), then dispatches as usual. Outside it, such a call raises
-    :class:`~hyper_shard.errors.ShardingError` naming the op and the argument (0-d tensors
-    are always accepted as scalars).
+    :class:`~hyper_shard.errors.ShardingError` naming the op and the argument (a 0-d tensor
+    argument is accepted as a scalar; a 0-d tensor inside a tensor list, as in
+    ``torch.stack([dt_norm, plain_norm])``, is a tensor and needs this context).
 
     The plain tensor must hold the same values on every rank (it is the global tensor);
     nothing checks that. A gradient flowing back to it is each rank's local contribution

@@ -97,14 +97,42 @@ class Dispatcher:
         dec = _CACHE.get(key)
         if dec is None:
             dec = self._miss(bound, func, args, kwargs, dts, key)
-        else:
-            _STATS["hits"] += 1
-            _CACHE.move_to_end(key)
+            out = self.execute(bound, func, args, kwargs, dts, dec)
+            if not dec.inplace:
+                self._check_local_shapes(bound, func, out, key)
+            return out
+        _STATS["hits"] += 1
+        _CACHE.move_to_end(key)
         return self.execute(bound, func, args, kwargs, dts, dec)
+
+    def _check_local_shapes(self, bound: BoundOp, func: Any, out: Any, key: tuple) -> None:
+        """On a decision's first run: every output's local shape must be the one its spec
+        gives this rank, else the rule does not describe the op (e.g. an op that changes
+        shapes declared ``rule: pointwise``). The decision is dropped and the error names
+        the op, its entry and the shapes; nothing is returned half-wrapped."""
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        is_dt = self.is_dtensor
+        for i, o in enumerate(outs):
+            if not is_dt(o):
+                continue
+            spec = o._spec
+            if spec.mesh.get_coordinate() is None:
+                continue
+            want = tuple(spec.local_shape())
+            got = tuple(self.platform.shape(self.platform.local_of(o)))
+            if got != want:
+                _CACHE.pop(key, None)
+                raise ShardingError(
+                    f"{self.name_of(func)}: the sharding rule of entry {bound.op.name!r} "
+                    f"({type(bound.op).__name__}) says output {i} is {fmt_placements(spec)}, "
+                    f"whose local shard here has shape {want}, but the local op returned "
+                    f"{got}: the rule does not describe this op. Pick the rule that does "
+                    f"(docs/custom_ops.md) or write a class for it"
+                )
 
     def _replicate_plain(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Under implicit replication: every plain tensor of rank >= 1 next to a DTensor
-        becomes a ``Replicate`` DTensor on that DTensor's mesh (an alias: same storage,
+        (and every plain tensor in a tensor list, 0-d too) becomes a ``Replicate`` DTensor on that DTensor's mesh (an alias: same storage,
         autograd kept). The plain tensor must hold the same values on every rank, as in
         PyTorch DTensor's ``implicit_replication``; ``out=`` tensors are left alone."""
         is_dt = self.is_dtensor
@@ -112,15 +140,15 @@ class Dispatcher:
         mesh = None
         found = False
 
-        def scan(a: Any) -> None:
+        def scan(a: Any, nested: bool = False) -> None:
             nonlocal mesh, found
             if is_dt(a):
                 if mesh is None:
                     mesh = a._spec.mesh
             elif type(a) in (list, tuple):
                 for x in a:
-                    scan(x)
-            elif plain(a) and len(self.platform.shape(a)) > 0:
+                    scan(x, True)
+            elif plain(a) and (nested or len(self.platform.shape(a)) > 0):
                 found = True
 
         for a in args:
@@ -136,12 +164,12 @@ class Dispatcher:
         plat = self.platform
         reps = [Replicate()] * mesh.ndim
 
-        def conv(a: Any) -> Any:
+        def conv(a: Any, nested: bool = False) -> Any:
             if is_dt(a):
                 return a
             if type(a) in (list, tuple):
-                return type(a)(conv(x) for x in a)
-            if plain(a) and len(plat.shape(a)) > 0:
+                return type(a)(conv(x, True) for x in a)
+            if plain(a) and (nested or len(plat.shape(a)) > 0):
                 return plat.wrap(a, DTensorSpec(mesh, reps, plat.tensor_meta(a)))
             return a
 
@@ -240,8 +268,8 @@ class Dispatcher:
             elif isinstance(a, (int, float, bool, complex)):
                 scalars[name] = a
             elif plain_tensor(a):
-                if len(self.platform.shape(a)) == 0:
-                    scalars[name] = a
+                if len(self.platform.shape(a)) == 0 and "[" not in name:
+                    scalars[name] = a  # a 0-d tensor argument is a scalar; in a list it is not
                 else:
                     raise ShardingError(
                         f"{pname}: got a plain {type(a).__name__} of shape "
@@ -323,7 +351,8 @@ class Dispatcher:
         raise OpNotRegisteredError(
             f"op {name!r} has no sharding rule registered (inputs: {desc}).\n"
             f"Add a YAML entry to a file in HYPER_PARALLEL_OPS_YAML_DIR, e.g.\n"
-            f"  {short}:\n    rule: pointwise        # or einsum/reduction/view/..., or class: module:Class\n"
+            f"  {short}:\n    rule: pointwise   # only if elementwise; else einsum, reduction, view, "
+            f"tensor_op... (docs/custom_ops.md), or class: module:Class\n"
             f"    {self.platform.name}: [{name}]\n"
             f"or set hyper_shard.config.fallback = 'replicate' to gather the inputs and run it "
             f"plainly, or call to_local()/full_tensor() yourself"
@@ -391,13 +420,25 @@ def _moved(plat: Any, dt: Any, plan: Any, tgt: Any) -> Any:
     return r
 
 
-def redistribute_with_plan(plat: Any, local: Any, spec: Any, plan: Any) -> Any:
-    """Run a precomputed redistribution plan on a local tensor, differentiably."""
+def redistribute_with_plan(
+    plat: Any, local: Any, spec: Any, plan: Any, backward_dtype: Any = None
+) -> Any:
+    """Run a precomputed redistribution plan on a local tensor, differentiably.
+    ``backward_dtype``: run the backward collectives on the gradient cast to this dtype
+    (cast back afterwards)."""
     if not plat.requires_grad(local):
         return execute_plan(plat, local, spec, plan)
     saved: list[Any] = []
+    if backward_dtype is None:
+        bwd = lambda g: backward_plan(plat, g, spec, plan, saved)  # noqa: E731
+    else:
+
+        def bwd(g: Any) -> Any:
+            low = plat.cast(g, backward_dtype)
+            return plat.cast(backward_plan(plat, low, spec, plan, saved), g.dtype)
+
     return plat.custom_autograd(
         lambda x: execute_plan(plat, x, spec, plan, saved),
-        lambda g: backward_plan(plat, g, spec, plan, saved),
+        bwd,
         local,
     )

@@ -150,6 +150,12 @@ class Platform:
     def requires_grad(self, t: Any) -> bool:
         raise NotImplementedError
 
+    def cast(self, t: Any, dtype: Any) -> Any:
+        """``t`` converted to ``dtype`` (differentiable; a plain local tensor)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot cast local tensors (forward_dtype/backward_dtype)"
+        )
+
     def wrap(self, local: Any, spec: Any) -> Any:
         """Wrap a local tensor (keeping its autograd history) as this platform's DTensor."""
         raise NotImplementedError

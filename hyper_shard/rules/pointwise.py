@@ -51,8 +51,7 @@ class PointwiseOp(DistributedOp):
 
     def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
         specs = call.specs
-        out_shape = self.output_shapes(call)[0]
-        assert out_shape is not None
+        out_shape = broadcast_shapes(*(s.shape for s in specs))
         n = len(out_shape)
         strategies: list[SingleDimStrategy] = []
         for d in range(n):

@@ -40,7 +40,8 @@ __all__ = ["FillOp", "CopyOp", "IdentityOp", "TypeAsOp", "scalar_off_coordinate0
 
 
 def _first_dtensor(call: OpCall, what: str) -> Any:
-    if call.arg_roles[0] != "input":
+    first = call.binder.names[0] if call.binder is not None and call.binder.names else "input"
+    if call.arg_roles[0] != first:
         raise ShardingError(
             f"{call.describe()}: {what} writes into or reads its first argument, which must be a "
             f"DTensor; convert it with distribute_tensor, or use plain tensors throughout"
@@ -95,10 +96,12 @@ class FillOp(DistributedOp):
                 )
             inputs.append(tuple(p if type(p) is Partial else R for p in pl))
         layout = Layout(inputs, [pl], [spec.shape])
-        if self.params.kind == "fill" and "value" in call.scalars:
-            v = scalar_off_coordinate0(call, pl, call.scalars["value"])
+        names = call.binder.names if call.binder is not None else ()
+        vname = names[1] if len(names) > 1 else "value"  # "val" for nn.init.constant_
+        if self.params.kind == "fill" and vname in call.scalars:
+            v = scalar_off_coordinate0(call, pl, call.scalars[vname])
             if v is not None:
-                layout.overrides = {"value": v}
+                layout.overrides = {vname: v}
         return layout
 
 

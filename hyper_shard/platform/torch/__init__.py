@@ -245,6 +245,10 @@ class TorchPlatform(Platform):
         with DisableTorchFunctionSubclass():
             return _Custom.apply(x, fwd, bwd)
 
+    def cast(self, t: Any, dtype: Any) -> torch.Tensor:
+        with DisableTorchFunctionSubclass():
+            return t.to(dtype)
+
     def requires_grad(self, t: Any) -> bool:
         with DisableTorchFunctionSubclass():
             return bool(t.requires_grad) and torch.is_grad_enabled()

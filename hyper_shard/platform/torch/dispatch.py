@@ -106,12 +106,18 @@ def _run_local(fn: Any, args: tuple, kwargs: dict) -> Any:
 
 def _wrap_outputs(out: Any, dec: Decision) -> Any:
     if isinstance(out, torch.Tensor):
+        if dec.outputs and dec.outputs[0] is None:
+            return out  # the rule declares a plain (unsharded) result
         return _wrap(out, dec.out_spec(0, out.dtype, out.element_size()))
     if isinstance(out, (tuple, list)):
         items = []
         i = 0
         for x in out:
             if isinstance(x, torch.Tensor):
+                if i < len(dec.outputs) and dec.outputs[i] is None:
+                    items.append(x)
+                    i += 1
+                    continue
                 items.append(_wrap(x, dec.out_spec(i, x.dtype, x.element_size())))
                 i += 1
             else:
@@ -187,6 +193,8 @@ def torch_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     if type(out) is _Tensor:
         spec = dec._specs.get((0, out.dtype))
         if spec is None:
+            if dec.outputs[0] is None:
+                return out  # the rule declares a plain (unsharded) result
             spec = dec.out_spec(0, out.dtype, out.element_size())
         o = out.as_subclass(_DT)
         o._spec = spec

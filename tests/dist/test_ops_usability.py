@@ -1,0 +1,331 @@
+"""Ops and behaviours a first user reaches for, on real gloo ranks, against plain torch:
+scans, sorts, roll, einsum/dot/outer/mv, elementwise losses (exact sharded means),
+``implicit_replication`` (incl. ``clip_grad_norm_`` over mixed DTensor/plain parameters)
+and tensor hooks on DTensor leaves."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hyper_shard import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh
+from hyper_shard.errors import ShardingError
+from hyper_shard.experimental import implicit_replication
+
+pytestmark = pytest.mark.multiproc
+
+PL = ([Shard(0)], [Shard(1)], [Replicate()])
+
+
+def _check(mesh, f, inputs, placements, grads=None):
+    """``f`` on DTensors equals ``f`` on plain tensors: forward, and the gradients of
+    ``sum(out * w)`` w.r.t. the inputs flagged in ``grads`` (default: all float inputs)."""
+    grads = grads if grads is not None else [t.is_floating_point() for t in inputs]
+    xs = [
+        distribute_tensor(t, mesh, p).requires_grad_(g)
+        for t, p, g in zip(inputs, placements, grads)
+    ]
+    refs = [t.clone().requires_grad_(g) for t, g in zip(inputs, grads)]
+    out, ref = f(*xs), f(*refs)
+    torch.testing.assert_close(out.full_tensor(), ref, atol=1e-5, rtol=1e-5)
+    if not ref.is_floating_point() or not any(grads):
+        return
+    w = torch.randn(ref.shape)
+    (ref * w).sum().backward()
+    (out * distribute_tensor(w, mesh, [Replicate()] * mesh.ndim)).sum().backward()
+    for x, r, g in zip(xs, refs, grads):
+        if g:
+            torch.testing.assert_close(x.grad.full_tensor(), r.grad, atol=1e-5, rtol=1e-5)
+
+
+def check_scans_sorts_roll(rank, world):
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    a = torch.randn(5, 7)  # uneven on both dims
+    fns = [
+        lambda x: x.cumsum(0),
+        lambda x: torch.cumsum(x, 1),
+        lambda x: x.cumprod(1),
+        lambda x: torch.logcumsumexp(x, 0),
+        lambda x: torch.cummax(x, 0).values,
+        lambda x: torch.cummin(x, 1).indices,
+        lambda x: torch.sort(x, 1, descending=True).values,
+        lambda x: x.sort(dim=0).indices,
+        lambda x: x.argsort(),
+        lambda x: torch.topk(x, 3).values,
+        lambda x: x.topk(2, dim=0).indices,
+        lambda x: torch.roll(x, 2, 0),
+        lambda x: x.roll((1, -2), (0, 1)),
+        lambda x: x.roll(3),
+    ]
+    for f, pl in itertools.product(fns, PL):
+        _check(mesh, f, [a], [pl])
+    # cumsum is linear: a Partial(sum) input stays Partial, the sum of the parts is right
+    p = DTensor.from_local(a * (rank + 1) / 3, mesh, [Partial()])
+    c = p.cumsum(1)
+    assert c.placements == (Partial(),)
+    torch.testing.assert_close(c.full_tensor(), a.cumsum(1))
+    # sort is not: a Partial is reduced first
+    s = p.sort(1).values
+    assert s.placements != (Partial(),)
+    torch.testing.assert_close(s.full_tensor(), a.sort(1).values)
+    return True
+
+
+def test_scans_sorts_roll(dist2):
+    assert dist2.run(check_scans_sorts_roll) == [True, True]
+
+
+def check_products(rank, world):
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(1)
+    a, b = torch.randn(5, 6), torch.randn(6, 3)
+    v, u, c = torch.randn(6), torch.randn(5), torch.randn(2, 5, 6)
+    cases = [
+        (torch.dot, [v, v.flip(0)]),
+        (torch.outer, [u, v]),
+        (torch.mv, [a, v]),
+        (lambda x, y: torch.einsum("ij,jk->ik", x, y), [a, b]),
+        (lambda x, y: torch.einsum("ij,jk", [x, y]), [a, b]),
+        (lambda x, y: torch.einsum("bij,j->bi", x, y), [c, v]),
+        (lambda x, y: torch.einsum("...j,jk->...k", x, y), [c, b]),
+        (lambda x: torch.einsum("ij->j", x), [a]),
+    ]
+    for f, ins in cases:
+        for combo in itertools.product(PL, repeat=len(ins)):
+            pls = [
+                [Replicate()] if p[0] == Shard(1) and t.ndim < 2 else p for p, t in zip(combo, ins)
+            ]
+            _check(mesh, f, ins, pls)
+    with pytest.raises(ShardingError, match="einsum"):
+        torch.einsum("ii->i", distribute_tensor(torch.randn(4, 4), mesh, [Shard(0)]))
+    return True
+
+
+def test_products(dist2):
+    assert dist2.run(check_products) == [True, True]
+
+
+def check_elementwise_losses(rank, world):
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(2)
+    a, t = torch.randn(5, 7), torch.randn(5, 7)
+    prob = torch.rand(5, 7) * 0.9 + 0.05
+    y = (torch.rand(5, 7) > 0.5).float()
+    w, pw = torch.rand(5, 7), torch.rand(7)
+    cases = [
+        (F.mse_loss, [a, t], 2),
+        (F.l1_loss, [a, t], 2),
+        (lambda x, z, **k: F.smooth_l1_loss(x, z, beta=0.5, **k), [a, t], 2),
+        (lambda x, z, **k: F.huber_loss(x, z, delta=0.7, **k), [a, t], 2),
+        (F.binary_cross_entropy, [prob, y], 1),
+        (lambda x, z, ww, **k: F.binary_cross_entropy(x, z, weight=ww, **k), [prob, y, w], 1),
+        (
+            lambda x, z, p, **k: F.binary_cross_entropy_with_logits(x, z, pos_weight=p, **k),
+            [a, y, pw],
+            1,
+        ),
+        (lambda x, z, **k: F.kl_div(x.log_softmax(-1), z.softmax(-1), **k), [a, t], 2),
+    ]
+    for (f, ins, ng), red in itertools.product(cases, ("mean", "sum", "none")):
+        for combo in itertools.product(PL, repeat=len(ins)):
+            pls = [
+                [Replicate()] if p[0] == Shard(1) and x.ndim < 2 else p for p, x in zip(combo, ins)
+            ]
+            g = [i < ng for i in range(len(ins))]
+            _check(mesh, lambda *xs, f=f, red=red: f(*xs, reduction=red), ins, pls, g)
+    _check(
+        mesh,
+        lambda x, z: F.kl_div(x.log_softmax(-1), z.softmax(-1), reduction="batchmean"),
+        [a, t],
+        [[Shard(0)], [Shard(0)]],
+    )
+    # a sharded mean is exact for uneven shards (5 rows on 2 ranks: 3 + 2)
+    m = F.mse_loss(distribute_tensor(a, mesh, [Shard(0)]), distribute_tensor(t, mesh, [Shard(0)]))
+    assert m.placements == (Partial(),), m.placements
+    torch.testing.assert_close(m.full_tensor(), F.mse_loss(a, t))
+    # torch's weighted mean divides by weight.sum(): refused with the workaround
+    with pytest.raises(ShardingError, match=r"reduction='sum' and divide by weight.sum\(\)"):
+        F.mse_loss(
+            distribute_tensor(a, mesh, [Shard(0)]),
+            distribute_tensor(t, mesh, [Shard(0)]),
+            weight=distribute_tensor(w, mesh, [Shard(0)]),
+        )
+    return True
+
+
+def test_elementwise_losses(dist2):
+    assert dist2.run(check_elementwise_losses) == [True, True]
+
+
+def check_implicit_replication(rank, world):
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(3)
+    a, wv = torch.randn(5, 6), torch.randn(6)
+    mask, idx = a > 0, torch.tensor([4, 0, 2])
+    x = distribute_tensor(a, mesh, [Shard(0)]).requires_grad_()
+    with pytest.raises(ShardingError, match="implicit_replication"):
+        x * wv
+    with implicit_replication():
+        y = (x * wv).masked_fill(mask, 0.0)
+        z = x[idx]
+        (y.sum() + z.sum()).backward()
+    ref = a.clone().requires_grad_()
+    ry, rz = (ref * wv).masked_fill(mask, 0.0), ref[idx]
+    (ry.sum() + rz.sum()).backward()
+    torch.testing.assert_close(y.full_tensor(), ry)
+    torch.testing.assert_close(z.full_tensor(), rz)
+    torch.testing.assert_close(x.grad.full_tensor(), ref.grad)
+    # the flag is restored on exit, also after an error inside the context
+    with pytest.raises(RuntimeError), implicit_replication():
+        raise RuntimeError("boom")
+    with pytest.raises(ShardingError):
+        x * wv
+    return True
+
+
+def test_implicit_replication(dist2):
+    assert dist2.run(check_implicit_replication) == [True, True]
+
+
+def check_clip_grad_norm_mixed(rank, world):
+    """A TP model whose norm layer stays plain: clip_grad_norm_ over DTensor and plain
+    parameters works under implicit_replication (PyTorch DTensor fails here without it)."""
+    from hyper_shard.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(6)
+            self.up = torch.nn.Linear(6, 10)
+            self.down = torch.nn.Linear(10, 6)
+
+        def forward(self, x):
+            return self.down(torch.relu(self.up(self.norm(x))))
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    ref = MLP()
+    tp = MLP()
+    tp.load_state_dict(ref.state_dict())
+    parallelize_module(tp, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    opt_r = torch.optim.AdamW(ref.parameters(), lr=0.05)
+    opt_t = torch.optim.AdamW(tp.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        xb, yb = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+        lr_ = F.mse_loss(ref(xb), yb)
+        opt_r.zero_grad()
+        lr_.backward()
+        nr = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.1)
+        opt_r.step()
+        lt = F.mse_loss(tp(xb), yb)
+        opt_t.zero_grad()
+        lt.backward()
+        with implicit_replication():
+            nt = torch.nn.utils.clip_grad_norm_(tp.parameters(), 0.1)
+        opt_t.step()
+        nt = nt.full_tensor() if isinstance(nt, DTensor) else nt
+        torch.testing.assert_close(lt, lr_, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(nt, nr, atol=1e-5, rtol=1e-5)
+    return True
+
+
+def test_clip_grad_norm_mixed(dist2):
+    assert dist2.run(check_clip_grad_norm_mixed) == [True, True]
+
+
+def check_tensor_hooks(rank, world):
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(4)
+    a, wt = torch.randn(4, 3), torch.randn(3, 5)
+    x = distribute_tensor(a, mesh, [Shard(0)])
+    w = distribute_tensor(wt, mesh, [Replicate()]).requires_grad_()
+    seen = []
+
+    def hook(grad):
+        seen.append(type(grad))
+        return grad * 0.5  # DTensor arithmetic inside the hook
+
+    w.register_hook(hook)
+    (x @ w).pow(2).sum().backward()
+    ref = wt.clone().requires_grad_()
+    ref.register_hook(lambda g_: g_ * 0.5)
+    (a @ ref).pow(2).sum().backward()
+    assert seen and all(issubclass(t, DTensor) for t in seen)
+    torch.testing.assert_close(w.grad.full_tensor(), ref.grad)
+    return True
+
+
+def test_tensor_hooks(dist2):
+    assert dist2.run(check_tensor_hooks) == [True, True]
+
+
+def check_factories_and_compat(rank, world):
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(6)
+    a = torch.randn(5, 3)
+    x = distribute_tensor(a, mesh, [Shard(0)]).requires_grad_()
+    # new_* factories (as PyTorch DTensor: the input's shards when size is its shape)
+    z = x.new_zeros(5, 3)
+    assert z.placements == (Shard(0),)
+    torch.testing.assert_close(z.full_tensor(), torch.zeros(5, 3))
+    o = x.new_ones((2, 2))
+    assert o.placements == (Replicate(),)
+    torch.testing.assert_close(o.full_tensor(), torch.ones(2, 2))
+    torch.testing.assert_close(x.new_full((5, 3), 7.0).full_tensor(), torch.full((5, 3), 7.0))
+    assert tuple(x.new_empty([5, 3]).to_local().shape) == (3 - rank, 3)
+    t = x.new_tensor([1.0, 2.0])
+    assert not isinstance(t, DTensor) and t.tolist() == [1.0, 2.0]
+    torch.testing.assert_close(x.cpu().full_tensor(), a)
+    # nn.init on DTensor parameters (a Partial target is written once)
+    w = distribute_tensor(torch.randn(4, 6), mesh, [Shard(1)])
+    torch.nn.init.constant_(w, 0.5)
+    torch.testing.assert_close(w.full_tensor(), torch.full((4, 6), 0.5))
+    p = DTensor.from_local(torch.ones(2, 2), mesh, [Partial()])
+    torch.nn.init.constant_(p, 3.0)
+    torch.testing.assert_close(p.full_tensor(), torch.full((2, 2), 3.0))
+    torch.nn.init.zeros_(w)
+    torch.testing.assert_close(w.full_tensor(), torch.zeros(4, 6))
+    # redistribute(forward_dtype=, backward_dtype=) as PyTorch DTensor
+    y = x.redistribute(
+        mesh, [Replicate()], forward_dtype=torch.float64, backward_dtype=torch.float16
+    )
+    assert y.dtype == torch.float64
+    torch.testing.assert_close(y.full_tensor(), a.double())
+    (y * 2).sum().backward()
+    assert x.grad.dtype == torch.float32
+    torch.testing.assert_close(x.grad.full_tensor(), torch.full((5, 3), 2.0))
+    # _local_tensor: the plain local shard, an alias
+    lt = x._local_tensor
+    assert type(lt) is torch.Tensor and tuple(lt.shape) == (3 - rank, 3)
+    return True
+
+
+def test_factories_and_compat(dist2):
+    assert dist2.run(check_factories_and_compat) == [True, True]
+
+
+def check_rule_shape_guard(rank, world):
+    """A user entry whose rule does not describe its op (pad declared pointwise) raises on
+    the first call, naming the entry; the decision is not cached, the group stays usable."""
+    mesh = init_device_mesh("cpu", (world,))
+    x = distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)])
+    for _ in range(2):
+        with pytest.raises(ShardingError, match=r"entry 'badpad'.*\(2, 5\)"):
+            F.pad(x, (1, 1))
+    torch.testing.assert_close((x + 1).full_tensor(), x.full_tensor() + 1)
+    return True
+
+
+def test_rule_shape_guard():
+    from pathlib import Path
+
+    from tests.conftest import get_pool
+
+    d = Path(__file__).parent / "data" / "badpad"
+    pool = get_pool(2, HYPER_PARALLEL_OPS_YAML_DIR=str(d))
+    assert pool.run(check_rule_shape_guard) == [True, True]
