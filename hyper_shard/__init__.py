@@ -5,6 +5,7 @@ The public API follows PyTorch DTensor: ``DeviceMesh``/``init_device_mesh``,
 ``redistribute``, ``distribute_tensor`` and the factories.
 """
 
+from .dispatch.dispatcher import config
 from .dtensor import DTensor, distribute_tensor, empty, full, ones, rand, randn, zeros
 from .errors import HyperShardError, OpNotRegisteredError, OpSpecError, ShardingError
 from .mesh import DeviceMesh, init_device_mesh
@@ -14,6 +15,7 @@ from .spec import DTensorSpec, TensorMeta
 __version__ = "0.1.0"
 
 __all__ = [
+    "config",
     "DTensor",
     "DTensorSpec",
     "TensorMeta",

@@ -329,3 +329,41 @@ def test_rule_shape_guard():
     d = Path(__file__).parent / "data" / "badpad"
     pool = get_pool(2, HYPER_PARALLEL_OPS_YAML_DIR=str(d))
     assert pool.run(check_rule_shape_guard) == [True, True]
+
+
+def check_replicate_fallback(rank, world):
+    """``hyper_shard.config.fallback = "replicate"`` (the name the not-registered error
+    gives): an op with no rule runs on the gathered inputs, warns once per op, returns a
+    Replicate DTensor, and gradients flow back to the sharded input."""
+    import warnings
+
+    import hyper_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(7)
+    a = torch.randn(5, 6)
+    x = distribute_tensor(a, mesh, [Shard(0)]).requires_grad_()
+    with pytest.raises(hyper_shard.OpNotRegisteredError, match="config.fallback"):
+        torch.diagonal(x)
+    old = hyper_shard.config.fallback
+    hyper_shard.config.fallback = "replicate"
+    try:
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            d1 = torch.diagonal(x)
+            d2 = torch.diagonal(x, 1)
+        assert sum("no sharding rule" in str(w.message) for w in rec) == 1
+    finally:
+        hyper_shard.config.fallback = old
+    assert d1.placements == (Replicate(),)
+    torch.testing.assert_close(d1.full_tensor(), torch.diagonal(a))
+    torch.testing.assert_close(d2.full_tensor(), torch.diagonal(a, 1))
+    (d1 * 3).sum().backward()
+    ref = a.clone().requires_grad_()
+    (torch.diagonal(ref) * 3).sum().backward()
+    torch.testing.assert_close(x.grad.full_tensor(), ref.grad)
+    return True
+
+
+def test_replicate_fallback(dist2):
+    assert dist2.run(check_replicate_fallback) == [True, True]
