@@ -131,10 +131,11 @@ class Dispatcher:
                 )
 
     def _replicate_plain(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        """Under implicit replication: every plain tensor of rank >= 1 next to a DTensor
-        (and every plain tensor in a tensor list, 0-d too) becomes a ``Replicate`` DTensor on that DTensor's mesh (an alias: same storage,
-        autograd kept). The plain tensor must hold the same values on every rank, as in
-        PyTorch DTensor's ``implicit_replication``; ``out=`` tensors are left alone."""
+        """Under implicit replication: every plain tensor of rank >= 1 next to a DTensor,
+        and every plain tensor inside a list or tuple (0-d too), becomes a ``Replicate``
+        DTensor on that DTensor's mesh (an alias: same storage, autograd kept). The plain
+        tensor must hold the same values on every rank, as in PyTorch DTensor's
+        ``implicit_replication``; ``out=`` tensors are left alone."""
         is_dt = self.is_dtensor
         plain = self.platform.is_tensor
         mesh = None
@@ -268,8 +269,8 @@ class Dispatcher:
             elif isinstance(a, (int, float, bool, complex)):
                 scalars[name] = a
             elif plain_tensor(a):
-                if len(self.platform.shape(a)) == 0 and "[" not in name:
-                    scalars[name] = a  # a 0-d tensor argument is a scalar; in a list it is not
+                if len(self.platform.shape(a)) == 0:
+                    scalars[name] = a
                 else:
                     raise ShardingError(
                         f"{pname}: got a plain {type(a).__name__} of shape "

@@ -89,6 +89,8 @@ ReduceKind = Literal[
     "any",
     "norm",
     "logsumexp",
+    "nansum",
+    "count_nonzero",
     "none",
 ]
 
@@ -100,6 +102,10 @@ _PARTIAL_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "amin": ("min", ("min",)),
     "max": ("max", ("max",)),
     "min": ("min", ("min",)),
+    # a sharded reduced dim gives Partial(sum); a Partial input is reduced first (NaNs and
+    # zeros of the parts are not those of the sum)
+    "nansum": ("sum", ()),
+    "count_nonzero": ("sum", ()),
 }
 
 

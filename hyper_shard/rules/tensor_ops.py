@@ -26,6 +26,7 @@ refuses the one-argument form, whose result shape depends on the values.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -233,7 +234,7 @@ def _dims_arg(v: Any, ndim: int, what: str) -> list[int]:
 # ---------------------------------------------------------------------- the tensor_op rule
 TensorOpKind = Literal[
     "cat", "stack", "split", "chunk", "unbind", "narrow", "select", "flip", "repeat", "triu",
-    "tril", "scan", "sort", "topk", "roll",
+    "tril", "scan", "sort", "topk", "roll", "pad", "diagonal", "repeat_interleave", "glu",
 ]  # fmt: skip
 
 _SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -255,6 +256,13 @@ _SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "sort": (("input", "dim", "descending"), ("dim",)),
     "topk": (("input", "k", "dim", "largest", "sorted"), ("k", "dim")),
     "roll": (("input", "shifts", "dims"), ("shifts", "dims")),
+    "pad": (("input", "pad", "mode", "value"), ("pad", "mode", "value")),
+    "diagonal": (("input", "offset", "dim1", "dim2"), ("offset", "dim1", "dim2")),
+    "repeat_interleave": (
+        ("input", "repeats", "dim", "output_size"),
+        ("repeats", "dim", "output_size"),
+    ),
+    "glu": (("input", "dim"), ("dim",)),
 }
 
 
@@ -290,7 +298,19 @@ class TensorOp(PlannedOp):
         return getattr(self, f"_plan_{self.params.kind}")(call, call.static)
 
     # -- join ---------------------------------------------------------------------
+    def _no_plain_members(self, call: OpCall) -> None:
+        # a 0-d plain tensor in the tensor list reaches the rule as a "scalar"; it is a
+        # member of the result, so the global shape would be wrong without it
+        plain = [n for n in call.scalars if n.startswith("tensors[")]
+        if plain:
+            raise ShardingError(
+                f"{call.describe()}: {plain[0]} is a plain tensor in a list of DTensors; "
+                f"convert it with distribute_tensor(t, mesh, [Replicate()]) first, or call "
+                f"inside `with hyper_shard.experimental.implicit_replication():`"
+            )
+
     def _plan_cat(self, call: OpCall, st: dict) -> OpPlan:
+        self._no_plain_members(call)
         specs = call.specs
         # torch.cat skips legacy 1-D empty tensors of shape (0,) next to tensors of other rank
         real = [s.ndim != 1 or s.shape != (0,) for s in specs]
@@ -316,6 +336,7 @@ class TensorOp(PlannedOp):
         return OpPlan([tuple(shape)], keep_strategies(maps, 1, partials_of(main), real))
 
     def _plan_stack(self, call: OpCall, st: dict) -> OpPlan:
+        self._no_plain_members(call)
         specs = call.specs
         shape = specs[0].shape
         if any(s.shape != shape for s in specs):
@@ -490,6 +511,98 @@ class TensorOp(PlannedOp):
                 )
             touched = set(dl)
         return self._along(spec, touched, spec.shape, partials_of([spec]))
+
+    def _plan_pad(self, call: OpCall, st: dict) -> OpPlan:
+        # torch.nn.functional.pad: padded dims are gathered (their extent changes); the
+        # others keep their shards. Padding only moves, copies or adds elements: a Partial
+        # passes through unless a nonzero constant is added (it would be counted per rank).
+        spec = self._one(call)
+        pad = st.get("pad")
+        if not isinstance(pad, (list, tuple)) or len(pad) % 2:
+            raise ValueError(f"pad: padding length must be divisible by 2, got {pad!r}")
+        pad = [as_int(p, "pad") for p in pad]
+        if len(pad) // 2 > spec.ndim:
+            raise ValueError(
+                f"pad: padding length ({len(pad)}) too large for a {spec.ndim}-d input"
+            )
+        shape = list(spec.shape)
+        touched = set()
+        for k in range(len(pad) // 2):
+            d = spec.ndim - 1 - k
+            shape[d] += pad[2 * k] + pad[2 * k + 1]
+            if shape[d] < 0:
+                raise ValueError(f"pad: the padded size of dim {d} would be {shape[d]}")
+            if pad[2 * k] or pad[2 * k + 1]:
+                touched.add(d)
+        mode, value = st.get("mode") or "constant", st.get("value")
+        adds = mode == "constant" and value not in (None, 0, 0.0) and bool(touched)
+        parts = [] if adds else partials_of([spec])
+        if mode != "constant":
+            # reflect/replicate/circular kernels want (batch, channel, *padded) inputs whose
+            # non-batch dims are non-empty: only leading batch dims may stay sharded (an
+            # uneven shard could otherwise be empty)
+            touched |= set(range(max(0, spec.ndim - len(pad) // 2 - 1), spec.ndim))
+        return self._along(spec, touched, tuple(shape), parts)
+
+    def _plan_diagonal(self, call: OpCall, st: dict) -> OpPlan:
+        # torch.diagonal: the two dims become one trailing dim (gathered); other dims keep
+        # their shards, moved to their output positions; elements are only selected
+        spec = self._one(call)
+        if spec.ndim < 2:
+            raise ValueError("diagonal: the input needs at least 2 dimensions")
+        off = as_int(st.get("offset") or 0, "offset")
+        d1 = normalize_dim(as_int(_pick(st, "dim1", None, 0), "dim1"), spec.ndim, "dim1")
+        d2 = normalize_dim(as_int(_pick(st, "dim2", None, 1), "dim2"), spec.ndim, "dim2")
+        if d1 == d2:
+            raise ValueError(f"diagonal dimensions cannot be identical {d1}, {d2}")
+        n1, n2 = spec.shape[d1], spec.shape[d2]
+        n = max(0, min(n1, n2 - off) if off >= 0 else min(n1 + off, n2))
+        rest = [d for d in range(spec.ndim) if d not in (d1, d2)]
+        shape = tuple(spec.shape[d] for d in rest) + (n,)
+        keep = {d: i for i, d in enumerate(rest)}
+        return OpPlan([shape], keep_strategies([keep], 1, partials_of([spec])))
+
+    def _plan_repeat_interleave(self, call: OpCall, st: dict) -> OpPlan:
+        # an int `repeats` along `dim`: that dim is gathered, the others keep their shards;
+        # dim=None repeats the flattened tensor (every dim gathered)
+        if "repeats" in call.arg_roles:
+            raise ShardingError(
+                f"{call.describe()}: a tensor `repeats` gives an output shape that depends on "
+                f"its values, which a sharding decision cannot know; pass an int repeats, or "
+                f"run it on full tensors (x.full_tensor(), repeats.full_tensor())"
+            )
+        spec = self._one(call)
+        reps = st.get("repeats")
+        if isinstance(reps, bool) or not isinstance(reps, int):
+            raise TypeError(
+                "repeat_interleave on a DTensor takes an int `repeats` (a tensor of repeats "
+                "gives a data-dependent shape)"
+            )
+        if reps < 0:
+            raise ValueError(f"repeat_interleave: repeats must be non-negative, got {reps}")
+        dim = st.get("dim")
+        if dim is None:
+            shape: tuple[int, ...] = (math.prod(spec.shape) * reps,)
+            return OpPlan([shape], keep_strategies([None], 1, partials_of([spec])))
+        d = normalize_dim(as_int(dim, "dim"), max(spec.ndim, 1), "dim")
+        shp = list(spec.shape)
+        if spec.ndim:
+            shp[d] *= reps
+        return self._along(spec, {d} if spec.ndim else set(), tuple(shp), partials_of([spec]))
+
+    def _plan_glu(self, call: OpCall, st: dict) -> OpPlan:
+        # torch.nn.functional.glu: the halved dim is gathered; not linear (no Partial)
+        spec = self._one(call)
+        if spec.ndim == 0:
+            raise ValueError("glu does not support scalars because halving size must be even")
+        d = normalize_dim(as_int(_pick(st, "dim", None, -1), "dim"), spec.ndim, "dim")
+        if spec.shape[d] % 2:
+            raise ValueError(
+                f"Halving dimension must be even, but dimension {d} is size {spec.shape[d]}"
+            )
+        shape = list(spec.shape)
+        shape[d] //= 2
+        return self._along(spec, {d}, tuple(shape), [])
 
     # -- triangles ----------------------------------------------------------------
     def _plan_triu(self, call: OpCall, st: dict) -> OpPlan:

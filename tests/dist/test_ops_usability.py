@@ -179,6 +179,14 @@ def check_implicit_replication(rank, world):
     torch.testing.assert_close(y.full_tensor(), ry)
     torch.testing.assert_close(z.full_tensor(), rz)
     torch.testing.assert_close(x.grad.full_tensor(), ref.grad)
+    # 0-d plain tensors: scalars as arguments (x[i, j]), tensors as members of a list
+    i, j = torch.tensor(2), torch.tensor(3)
+    assert x[i, j].full_tensor().item() == a[2, 3].item()
+    with pytest.raises(ShardingError, match="plain tensor in a list"):
+        torch.stack([x.sum(), torch.tensor(1.0)])
+    with implicit_replication():
+        st = torch.stack([x.sum(), torch.tensor(1.0)])
+    torch.testing.assert_close(st.full_tensor(), torch.stack([a.sum(), torch.tensor(1.0)]))
     # the flag is restored on exit, also after an error inside the context
     with pytest.raises(RuntimeError), implicit_replication():
         raise RuntimeError("boom")
@@ -344,23 +352,23 @@ def check_replicate_fallback(rank, world):
     a = torch.randn(5, 6)
     x = distribute_tensor(a, mesh, [Shard(0)]).requires_grad_()
     with pytest.raises(hyper_shard.OpNotRegisteredError, match="config.fallback"):
-        torch.diagonal(x)
+        x.unfold(1, 3, 1)
     old = hyper_shard.config.fallback
     hyper_shard.config.fallback = "replicate"
     try:
         with warnings.catch_warnings(record=True) as rec:
             warnings.simplefilter("always")
-            d1 = torch.diagonal(x)
-            d2 = torch.diagonal(x, 1)
+            d1 = x.unfold(1, 3, 1)
+            d2 = x.unfold(1, 2, 2)
         assert sum("no sharding rule" in str(w.message) for w in rec) == 1
     finally:
         hyper_shard.config.fallback = old
     assert d1.placements == (Replicate(),)
-    torch.testing.assert_close(d1.full_tensor(), torch.diagonal(a))
-    torch.testing.assert_close(d2.full_tensor(), torch.diagonal(a, 1))
+    torch.testing.assert_close(d1.full_tensor(), a.unfold(1, 3, 1))
+    torch.testing.assert_close(d2.full_tensor(), a.unfold(1, 2, 2))
     (d1 * 3).sum().backward()
     ref = a.clone().requires_grad_()
-    (torch.diagonal(ref) * 3).sum().backward()
+    (ref.unfold(1, 3, 1) * 3).sum().backward()
     torch.testing.assert_close(x.grad.full_tensor(), ref.grad)
     return True
 
