@@ -423,11 +423,17 @@ class BoundOp:
             else:
                 parts.append(self._tag(a))
         if kwargs:
+            skw = self.static_kw
             for k, v in kwargs.items():
-                if is_dt(v):
+                tv = type(v)
+                if tv in _SCALAR_SET or tv is str:
+                    # the common keyword arguments (None, flags, sizes, reduction="mean"):
+                    # no DTensor check; the same key part as the general path below
+                    parts.append((k, v if (tv is str or k in skw) else tv))
+                elif tv is dt_type or is_dt(v):
                     parts.append((k, v._spec))
                     dts.append(v)
-                elif type(v) is list or type(v) is tuple:
+                elif tv is list or tv is tuple:
                     parts.append((k, self._seq_key(v, dts, k in self.static_kw)))
                 elif k in self.static_kw:
                     parts.append((k, _hashable(v)))
