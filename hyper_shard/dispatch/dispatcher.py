@@ -40,6 +40,7 @@ config = _Config()
 _CACHE: OrderedDict[tuple, Decision] = OrderedDict()
 _STATS = {"hits": 0, "misses": 0}
 _WARNED: set[str] = set()
+_DECOMPOSING: list[str] = []  # composite functions being run as their parts (outermost first)
 
 
 def cache_info() -> dict[str, int]:
@@ -342,19 +343,31 @@ class Dispatcher:
         if self.decompose is not None:
             fn = self.decompose(func)
             if fn is not None:
-                return fn(*args, **kwargs)
+                _DECOMPOSING.append(self.name_of(func))
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    _DECOMPOSING.pop()
         name = self.name_of(func)
         dts = _find_dtensors(args, kwargs, self.is_dtensor)
         if config.fallback == "replicate" and dts:
             return self._replicate_fallback(func, name, args, kwargs, dts)
         desc = ", ".join(fmt_placements(d._spec) for d in dts) or "no DTensor"
         short = name.split(".")[-1].rstrip("_")
+        inside, bind = "", name
+        if _DECOMPOSING:
+            outer = bind = _DECOMPOSING[0]
+            short = outer.split(".")[-1].rstrip("_")
+            inside = (
+                f" It was called by {outer}, which has no entry either and which hyper_shard "
+                f"ran as its parts; binding {outer} itself (its public name) may be simpler."
+            )
         raise OpNotRegisteredError(
-            f"op {name!r} has no sharding rule registered (inputs: {desc}).\n"
+            f"op {name!r} has no sharding rule registered (inputs: {desc}).{inside}\n"
             f"Add a YAML entry to a file in HYPER_PARALLEL_OPS_YAML_DIR, e.g.\n"
             f"  {short}:\n    rule: pointwise   # only if elementwise; else einsum, reduction, view, "
             f"tensor_op... (docs/custom_ops.md), or class: module:Class\n"
-            f"    {self.platform.name}: [{name}]\n"
+            f"    {self.platform.name}: [{bind}]\n"
             f"or set hyper_shard.config.fallback = 'replicate' to gather the inputs and run it "
             f"plainly, or call to_local()/full_tensor() yourself"
         )

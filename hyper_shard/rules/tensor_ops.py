@@ -235,6 +235,7 @@ def _dims_arg(v: Any, ndim: int, what: str) -> list[int]:
 TensorOpKind = Literal[
     "cat", "stack", "split", "chunk", "unbind", "narrow", "select", "flip", "repeat", "triu",
     "tril", "scan", "sort", "topk", "roll", "pad", "diagonal", "repeat_interleave", "glu",
+    "tile",
 ]  # fmt: skip
 
 _SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -250,6 +251,7 @@ _SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "select": (("input", "dim", "index"), ("dim", "index")),
     "flip": (("input", "*dims"), ("dims",)),
     "repeat": (("input", "*repeats"), ("repeats",)),
+    "tile": (("input", "*dims"), ("dims",)),
     "triu": (("input", "diagonal"), ("diagonal",)),
     "tril": (("input", "diagonal"), ("diagonal",)),
     "scan": (("input", "dim"), ("dim",)),
@@ -440,6 +442,14 @@ class TensorOp(PlannedOp):
         flipped = set(_dims_arg(dims, spec.ndim, "flip"))
         keep = {d: d for d in range(spec.ndim) if d not in flipped}
         return OpPlan([spec.shape], keep_strategies([keep], 1, partials_of([spec])))
+
+    def _plan_tile(self, call: OpCall, st: dict) -> OpPlan:
+        # torch.tile: Tensor.repeat with the reps left-padded by ones to the tensor's rank
+        spec = self._one(call)
+        raw = st.get("dims")
+        reps = [as_int(r, "dims") for r in (raw if isinstance(raw, (list, tuple)) else [raw])]
+        reps = [1] * (spec.ndim - len(reps)) + reps
+        return self._plan_repeat(call, {"repeats": reps})
 
     def _plan_repeat(self, call: OpCall, st: dict) -> OpPlan:
         spec = self._one(call)

@@ -351,8 +351,15 @@ def check_replicate_fallback(rank, world):
     torch.manual_seed(7)
     a = torch.randn(5, 6)
     x = distribute_tensor(a, mesh, [Shard(0)]).requires_grad_()
-    with pytest.raises(hyper_shard.OpNotRegisteredError, match="config.fallback"):
+    # the error names the op, the input placements and the YAML entry to add
+    with pytest.raises(hyper_shard.OpNotRegisteredError) as ei:
         x.unfold(1, 3, 1)
+    msg = str(ei.value)
+    for part in ("'Tensor.unfold'", "DTensor[5, 6][S(0)]", "torch: [Tensor.unfold]", "fallback"):
+        assert part in msg, (part, msg)
+    # a composite torch function is run as its parts; the error points to the public name
+    with pytest.raises(hyper_shard.OpNotRegisteredError, match=r"torch: \[torch.tensordot\]"):
+        torch.tensordot(x, distribute_tensor(torch.randn(6, 2), mesh, [Replicate()]), dims=1)
     old = hyper_shard.config.fallback
     hyper_shard.config.fallback = "replicate"
     try:
