@@ -56,6 +56,10 @@ class ModuleAdapter:
     def set_buffer(self, module: Any, name: str, value: Any) -> None:
         raise NotImplementedError
 
+    def tie_param(self, module: Any, name: str, param: Any) -> None:
+        """Make ``module.<name>`` the very parameter object ``param`` (weight tying)."""
+        raise NotImplementedError
+
     def requires_grad(self, param: Any) -> bool:
         raise NotImplementedError
 

@@ -70,6 +70,9 @@ class MindSporeModuleAdapter(ModuleAdapter):
         pname = old.name if old is not None else name
         setattr(module, name, Parameter(value, name=pname, requires_grad=requires_grad))
 
+    def tie_param(self, module: Any, name: str, param: Any) -> None:
+        setattr(module, name, param)
+
     def set_buffer(self, module: Any, name: str, value: Any) -> None:
         module._buffers[name] = value
 

@@ -54,6 +54,9 @@ class TorchModuleAdapter(ModuleAdapter):
     def set_buffer(self, module: Any, name: str, value: Any) -> None:
         module._buffers[name] = value
 
+    def tie_param(self, module: Any, name: str, param: Any) -> None:
+        module.register_parameter(name, param)
+
     def requires_grad(self, param: Any) -> bool:
         return bool(param.requires_grad)
 

@@ -79,7 +79,57 @@ def parallelize_module(
     named = ad.named_modules(module)
     by_name = dict(named)
     matches = match_plan(parallelize_plan, [n for n, _ in named], describe_root(module))
+    ties = _tied_params(ad, named)
     for _key, name, style in matches:
         style.src_data_rank = src_data_rank
         style._apply(by_name[name], device_mesh)
+    _retie(ad, ties)
     return module
+
+
+def _tied_params(ad: Any, named: list[tuple[str, Any]]) -> list[list[tuple[str, Any, str]]]:
+    """Groups of (module name, module, attribute) sharing one parameter object."""
+    sites: dict[int, list[tuple[str, Any, str]]] = {}
+    for mname, m in named:
+        for pname, p in ad.direct_params(m):
+            if p is not None:
+                sites.setdefault(id(p), []).append((mname, m, pname))
+    return [v for v in sites.values() if len(v) > 1]
+
+
+def _retie(ad: Any, ties: list[list[tuple[str, Any, str]]]) -> None:
+    """Keep tied weights tied (e.g. an embedding shared with the LM head), where PyTorch's
+    ``parallelize_module`` silently unties them: each style replaces its own module's
+    parameter, so afterwards every site of a tie group is made the same DTensor parameter
+    again. The sites must have been given the same placements (embedding
+    ``RowwiseParallel`` and LM head ``ColwiseParallel`` both shard the vocab dim: Shard(0));
+    otherwise the tie cannot hold and a ValueError names the sites and their layouts."""
+    from ..dtensor import DTensor
+
+    for sites in ties:
+        params = [getattr(m, pn) for _, m, pn in sites]
+        first = params[0]
+        if all(p is first for p in params):
+            continue
+        if all(isinstance(p, DTensor) for p in params) and all(
+            p._spec.placements == first._spec.placements and p._spec.shape == first._spec.shape
+            for p in params
+        ):
+            for _, m, pn in sites[1:]:
+                ad.tie_param(m, pn, first)
+            continue
+
+        def layout(p: Any) -> str:
+            if isinstance(p, DTensor):
+                return "[" + ", ".join(repr(x) for x in p._spec.placements) + "]"
+            return "a plain parameter (not in the plan)"
+
+        where = "; ".join(
+            f"{(mn + '.') if mn else ''}{pn}: {layout(p)}" for (mn, _, pn), p in zip(sites, params)
+        )
+        raise ValueError(
+            f"parallelize_module: tied parameter used by {len(sites)} modules would be untied "
+            f"({where}); give every module sharing it a style with the same placements (an "
+            f"embedding with RowwiseParallel and an LM head with ColwiseParallel both shard the "
+            f"vocab dim), or untie the weights before parallelizing"
+        )

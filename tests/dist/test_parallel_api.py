@@ -330,6 +330,49 @@ def check_embeddings(rank, world):
     return n
 
 
+def check_tied_embedding_and_head(rank, world):
+    """An embedding tied to the LM head stays tied (PyTorch's parallelize_module unties it
+    silently): training equals the single-device tied model; a plan covering one side
+    only is an error naming both sites."""
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(11, 6)  # 11: uneven vocab shards
+            self.mid = nn.Linear(6, 6)
+            self.head = nn.Linear(6, 11, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, ids):
+            return self.head(torch.tanh(self.mid(self.emb(ids))))
+
+    mesh = _mesh(world)
+    torch.manual_seed(12)
+    m = LM()
+    ref = copy.deepcopy(m)
+    assert ref.head.weight is ref.emb.weight
+    plan = {
+        "emb": RowwiseParallel(input_layouts=Replicate()),
+        "head": ColwiseParallel(output_layouts=Replicate()),
+    }
+    parallelize_module(m, mesh, plan)
+    assert m.head.weight is m.emb.weight and m.emb.weight.placements == (Shard(0),)
+    assert len(list(m.parameters())) == len(list(ref.parameters()))
+    g = torch.Generator().manual_seed(13)
+
+    def make_input(i):
+        ids = torch.randint(0, 11, (3, 5), generator=g)
+        return ids, ids, lambda o, r: torch.testing.assert_close(o, r, **TOL)
+
+    n = _train(m, ref, make_input, lambda o: (o * o).mean(), torch.optim.AdamW, lr=0.05)
+    # a tie the plan cannot keep: only the head is parallelized
+    torch.manual_seed(12)
+    bad = LM()
+    with pytest.raises(ValueError, match=r"tied parameter.*emb\.weight: a plain parameter"):
+        parallelize_module(bad, mesh, {"head": ColwiseParallel()})
+    return n
+
+
 def check_prepare_module_output_and_input_output(rank, world):
     mesh = _mesh(world)
 
@@ -455,6 +498,7 @@ def check_distribute_module(rank, world):
         check_sequence_parallel_block,
         check_attention_tensor_parallel,
         check_embeddings,
+        check_tied_embedding_and_head,
         check_prepare_module_output_and_input_output,
         check_wildcard_plan_over_layers,
         check_same_input_across_forwards,
