@@ -60,7 +60,10 @@ def from_local_even(
     plat = mesh.platform
     grad = plat.requires_grad(local)
     placements = tuple(placements)
-    version = getattr(local, "_version", None)  # platforms with a version counter reuse
+    try:  # platforms with a version counter reuse (inference tensors have none)
+        version = getattr(local, "_version", None)
+    except RuntimeError:
+        version = None
     last = _LAST[0]
     if (
         last is not None

@@ -373,6 +373,27 @@ def check_tied_embedding_and_head(rank, world):
     return n
 
 
+def check_inference_mode(rank, world):
+    """torch.inference_mode() / no_grad forward of a parallelized model equals plain torch
+    (inference tensors have no version counter: the input-wrap cache must not ask)."""
+    mesh = _mesh(world)
+    torch.manual_seed(14)
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+    ref = copy.deepcopy(m)
+    parallelize_module(m, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    x = torch.randn(3, 8)
+    n = 0
+    for ctx in (torch.inference_mode, torch.no_grad):
+        with ctx():
+            y, r = m(x), ref(x)
+            y2 = m(y)  # an inference tensor as the next input
+            r2 = ref(r)
+        torch.testing.assert_close(y, r, **TOL)
+        torch.testing.assert_close(y2, r2, **TOL)
+        n += 1
+    return n
+
+
 def check_prepare_module_output_and_input_output(rank, world):
     mesh = _mesh(world)
 
@@ -499,6 +520,7 @@ def check_distribute_module(rank, world):
         check_attention_tensor_parallel,
         check_embeddings,
         check_tied_embedding_and_head,
+        check_inference_mode,
         check_prepare_module_output_and_input_output,
         check_wildcard_plan_over_layers,
         check_same_input_across_forwards,

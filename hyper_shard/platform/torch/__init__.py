@@ -134,7 +134,10 @@ class TorchPlatform(Platform):
 
     def version(self, t: Any) -> int | None:
         with DisableTorchFunctionSubclass():
-            return int(t._version)
+            try:
+                return int(t._version)
+            except RuntimeError:  # inference tensors (torch.inference_mode) have none
+                return None
 
     def copy_into(self, dst: Any, src: Any) -> None:
         with DisableTorchFunctionSubclass():
