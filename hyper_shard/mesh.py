@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -105,6 +106,16 @@ class DeviceMesh:
             self._groups = self._create_groups()
         else:
             self._groups = None
+        if self._platform is not None:
+            _LIVE[self._key] = self
+
+    def __reduce__(self) -> tuple:
+        # pickled by description; unpickling finds the live mesh of this process (see
+        # _rebuild_mesh): process groups are never pickled nor created by torch.load
+        return (
+            _rebuild_mesh,
+            (self.device_type, self.mesh, self.mesh_dim_names, self._platform is None),
+        )
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -303,6 +314,35 @@ class DeviceMesh:
         names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
         kind = "abstract " if self._platform is None else ""
         return f"DeviceMesh({kind}{self.device_type!r}, {self.mesh}{names})"
+
+
+#: every concrete mesh this process has built, by key (weakly held)
+_LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _rebuild_mesh(
+    device_type: str, mesh: Any, mesh_dim_names: Sequence[str] | None, abstract: bool
+) -> DeviceMesh:
+    """Unpickle a DeviceMesh: an abstract one is rebuilt; a concrete one must already exist
+    in this process (its process groups are made by a collective call that unpickling
+    cannot make safely on every rank).
+
+    Raises:
+        RuntimeError: no live mesh with these ranks, device type and dim names.
+    """
+    names = tuple(mesh_dim_names) if mesh_dim_names is not None else None
+    if abstract:
+        return DeviceMesh(device_type, mesh, mesh_dim_names=names, _abstract=True)
+    shape, ranks = _flatten(mesh)
+    live = _LIVE.get((device_type, shape, ranks, names))
+    if live is None:
+        raise RuntimeError(
+            f"loading a DTensor saved on DeviceMesh({device_type!r}, {mesh}, mesh_dim_names="
+            f"{names}): this process has not built that mesh; build it first (e.g. "
+            f"init_device_mesh({device_type!r}, {shape}, mesh_dim_names={names}), or the model's "
+            f"parallelize_module), then load"
+        )
+    return live
 
 
 def init_device_mesh(

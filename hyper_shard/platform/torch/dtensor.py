@@ -343,10 +343,86 @@ def _deepcopy(args: Any, kwargs: dict) -> Any:
 
 @_on(T.__reduce_ex__)
 def _reduce_ex(args: Any, kwargs: dict) -> Any:
-    raise TypeError(
-        "a DTensor cannot be pickled (its mesh holds process groups); save "
-        "dt.to_local() with dt.placements, or dt.full_tensor()"
+    """Pickling (``torch.save``, ``copy``): this rank's local shard (saved by torch as usual)
+    with the mesh (by description), placements and global metadata, as PyTorch DTensor.
+    Each rank saves and loads its own shard; loading needs the mesh built first."""
+    self = args[0]
+    with DisableTorchFunctionSubclass():
+        local = self.as_subclass(torch.Tensor).detach()
+        rg = bool(self.requires_grad)
+    spec = self._spec
+    return (
+        _rebuild_dtensor,
+        (
+            local,
+            spec.mesh,
+            tuple(spec.placements),
+            tuple(spec.shape),
+            tuple(spec.stride),
+            rg,
+            bool(self.__dict__.get("_is_param")),
+            spec.mesh.get_coordinate(),
+        ),
     )
+
+
+def _rebuild_dtensor(
+    local: torch.Tensor,
+    mesh: Any,
+    placements: tuple,
+    shape: tuple,
+    stride: tuple,
+    requires_grad: bool,
+    is_param: bool,
+    coordinate: tuple | None = None,
+) -> TorchDTensor:
+    """Unpickle a DTensor (see :func:`_reduce_ex`).
+
+    Raises:
+        ValueError: the saved local shard does not fit this rank's place in the mesh (a file
+            saved by another rank).
+    """
+    from ...spec import TensorMeta
+
+    spec = DTensorSpec(
+        mesh, placements, TensorMeta(tuple(shape), tuple(stride), local.dtype, local.element_size())
+    )
+    want = spec.local_shape()
+    here = mesh.get_coordinate()
+    moved = (
+        coordinate is not None
+        and here is not None
+        and any(
+            c != h and type(p) is not Replicate
+            for c, h, p in zip(coordinate, here, spec.placements)
+        )
+    )
+    if moved or tuple(local.shape) != tuple(want):
+        raise ValueError(
+            f"loading a DTensor of global shape {tuple(shape)} with placements "
+            f"{list(placements)}: the file holds the shard of mesh coordinate {coordinate} "
+            f"(shape {tuple(local.shape)}), this rank is at {here} (shard shape "
+            f"{tuple(want)}); each rank must load the file its own rank saved (or save "
+            f"full_tensor() to share one file)"
+        )
+    out = make_leaf(local, spec, requires_grad)
+    if is_param:
+        out._is_param = True  # type: ignore[attr-defined]
+    return out
+
+
+def _allow_in_weights_only_load() -> None:
+    """``torch.load(weights_only=True)`` (torch's default) unpickles only allowlisted
+    callables: DTensors, meshes and placements are added, as PyTorch does for its own."""
+    from ...mesh import _rebuild_mesh
+    from ...placement import Shard
+
+    add = getattr(torch.serialization, "add_safe_globals", None)
+    if add is not None:
+        add([_rebuild_dtensor, _rebuild_mesh, Shard, Replicate, Partial])
+
+
+_allow_in_weights_only_load()
 
 
 def _full_then(method: Any) -> Callable:
