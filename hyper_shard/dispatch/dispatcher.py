@@ -276,7 +276,7 @@ class Dispatcher:
                     raise ShardingError(
                         f"{pname}: got a plain {type(a).__name__} of shape "
                         f"{tuple(self.platform.shape(a))} for {name!r} mixed with DTensor inputs "
-                        f"({', '.join(fmt_placements(d._spec) for d in dts)}); convert it with "
+                        f"({_describe(dts)}); convert it with "
                         f"distribute_tensor(t, mesh, [Replicate()]) or DTensor.from_local first, "
                         f"or call inside `with hyper_shard.experimental.implicit_replication():` "
                         f"if it holds the same values on every rank"
@@ -352,7 +352,7 @@ class Dispatcher:
         dts = _find_dtensors(args, kwargs, self.is_dtensor)
         if config.fallback == "replicate" and dts:
             return self._replicate_fallback(func, name, args, kwargs, dts)
-        desc = ", ".join(fmt_placements(d._spec) for d in dts) or "no DTensor"
+        desc = _describe(dts) or "no DTensor"
         short = name.split(".")[-1].rstrip("_")
         inside, bind = "", name
         if _DECOMPOSING:
@@ -404,6 +404,12 @@ class Dispatcher:
             return t
 
         return type(out)(one(x) for x in out) if isinstance(out, (tuple, list)) else one(out)
+
+
+def _describe(dts: list, limit: int = 4) -> str:
+    """The inputs' layouts for an error message (the first ``limit``, then a count)."""
+    shown = ", ".join(fmt_placements(d._spec) for d in dts[:limit])
+    return shown + (f", ... ({len(dts) - limit} more DTensors)" if len(dts) > limit else "")
 
 
 def _find_dtensors(args: tuple, kwargs: dict, is_dt: Callable[[Any], bool]) -> list:
