@@ -37,7 +37,11 @@ def normalize_layout(
 
 
 def from_local_even(
-    local: Any, mesh: DeviceMesh, placements: Sequence[Placement], key: tuple | None = None
+    local: Any,
+    mesh: DeviceMesh,
+    placements: Sequence[Placement],
+    key: tuple | None = None,
+    dim_size: tuple[int, int] | None = None,
 ) -> Any:
     """``DTensor.from_local(local, mesh, placements)`` assuming even shards (no collective).
 
@@ -51,6 +55,13 @@ def from_local_even(
         mesh: the DeviceMesh.
         placements: one per mesh dim (negative shard dims allowed).
         key: ``(local shape, dtype)`` if the caller has it (saves a metadata query).
+        dim_size: ``(dim, global size)`` when the caller knows a sharded dim's true global
+            size (a Linear's ``in_features``): uneven shards in ``torch.chunk`` layout are
+            then read right instead of as ``local size x mesh size``.
+
+    Raises:
+        ValueError: with ``dim_size``, a local size that is not this rank's ``torch.chunk``
+            shard of it.
 
     Returns:
         A DTensor autograd-connected to ``local``; in backward the local tensor receives the
@@ -64,7 +75,7 @@ def from_local_even(
         version = getattr(local, "_version", None)
     except RuntimeError:
         version = None
-    last = _LAST[0]
+    last = _LAST[0] if dim_size is None else None
     if (
         last is not None
         and last[0] is local
@@ -78,7 +89,7 @@ def from_local_even(
     if key is None:
         meta = plat.tensor_meta(local)
         key = (meta.shape, meta.dtype)
-    ck = (mesh, placements, key)
+    ck = (mesh, placements, key, dim_size)
     spec = _SPECS.get(ck)
     if spec is None:
         local_shape = key[0]
@@ -87,7 +98,15 @@ def from_local_even(
         for m, p in enumerate(pl):
             if type(p) is Shard:
                 shape[p.dim] *= mesh.shape[m]
+        if dim_size is not None:
+            shape[dim_size[0] % len(shape)] = dim_size[1]
         spec = DTensorSpec(mesh, pl, plat.tensor_meta(local, tuple(shape)))
+        if dim_size is not None and tuple(spec.local_shape()) != tuple(local_shape):
+            raise ValueError(
+                f"a local tensor of shape {tuple(local_shape)} is not this rank's "
+                f"torch.chunk shard of a global size {dim_size[1]} on dim {dim_size[0]} "
+                f"(expected {tuple(spec.local_shape())} with placements {list(pl)})"
+            )
         if len(_SPECS) > _CACHE_MAX:
             _SPECS.clear()
         _SPECS[ck] = spec
@@ -102,7 +121,8 @@ def from_local_even(
             ),
             spec,
         )
-    _LAST[0] = (local, version, grad, mesh, placements, out) if version is not None else None
+    if dim_size is None:
+        _LAST[0] = (local, version, grad, mesh, placements, out) if version is not None else None
     return out
 
 

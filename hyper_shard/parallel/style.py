@@ -229,6 +229,35 @@ class RowwiseParallel(ColwiseParallel):
     def _desired_input(self, kind: str) -> Placement:
         return Shard(-1) if kind == "linear" else Replicate()
 
+    def _prepare_input_fn(
+        self, desired: Placement, mod: Any, inputs: tuple, mesh: DeviceMesh
+    ) -> Any:
+        x, lay = inputs[0], self.input_layouts[0]
+        w = getattr(mod, "weight", None)
+        if (
+            type(desired) is Shard
+            and type(lay) is Shard
+            and isinstance(w, DTensor)
+            and not isinstance(x, DTensor)
+            and mesh.platform.is_tensor(x)
+        ):
+            # a plain input sharded on its features: the Linear's in_features is the true
+            # global width, so uneven shards (15 features on 2 ranks: 8 + 7) are read
+            # right where PyTorch assumes local width x mesh size and fails
+            shape = mesh.platform.shape(x)
+            d = lay.dim % len(shape) if shape else 0
+            k = w._spec.shape[1]
+            if shape and d == len(shape) - 1 and shape[d] * mesh.size() != k:
+                try:
+                    dt = from_local_even(x, mesh, (lay,), dim_size=(d, k))
+                except ValueError as e:
+                    raise ValueError(
+                        f"{type(self).__name__} input of {type(mod).__name__} "
+                        f"(in_features {k}): {e}"
+                    ) from None
+                return (redistribute(dt, (desired,)), *inputs[1:])
+        return super()._prepare_input_fn(desired, mod, inputs, mesh)
+
 
 class SequenceParallel(ParallelStyle):
     """Sequence parallelism for modules that act on each position independently

@@ -373,6 +373,24 @@ def check_tied_embedding_and_head(rank, world):
     return n
 
 
+def check_uneven_hidden(rank, world):
+    """Colwise -> Rowwise with a hidden size the mesh does not divide (15 on 2 ranks: 8 + 7)
+    and local outputs: the Rowwise input's global width comes from in_features, where
+    PyTorch reads local width x mesh size (16 and 14) and fails."""
+    mesh = _mesh(world)
+    torch.manual_seed(15)
+    m = nn.Sequential(nn.Linear(6, 15), nn.ReLU(), nn.Linear(15, 6))
+    ref = copy.deepcopy(m)
+    parallelize_module(m, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    g = torch.Generator().manual_seed(16)
+
+    def make_input(i):
+        x = torch.randn(4, 6, generator=g)
+        return x, x, lambda o, r: torch.testing.assert_close(o, r, **TOL)
+
+    return _train(m, ref, make_input, lambda o: (o * o).sum(), torch.optim.AdamW, lr=0.05)
+
+
 def check_inference_mode(rank, world):
     """torch.inference_mode() / no_grad forward of a parallelized model equals plain torch
     (inference tensors have no version counter: the input-wrap cache must not ask)."""
@@ -521,6 +539,7 @@ def check_distribute_module(rank, world):
         check_embeddings,
         check_tied_embedding_and_head,
         check_inference_mode,
+        check_uneven_hidden,
         check_prepare_module_output_and_input_output,
         check_wildcard_plan_over_layers,
         check_same_input_across_forwards,
