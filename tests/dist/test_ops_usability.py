@@ -384,10 +384,11 @@ def test_replicate_fallback(dist2):
     assert dist2.run(check_replicate_fallback) == [True, True]
 
 
-def check_activation_checkpointing(rank, world):
-    """torch.utils.checkpoint (use_reentrant=False) around TP blocks: losses and gradients
-    equal the un-checkpointed single-device model (the recomputation in backward dispatches
-    through hyper_shard like the forward did)."""
+def check_activation_checkpointing(rank, world, reentrant):
+    """torch.utils.checkpoint (both forms) around TP blocks: losses and gradients equal the
+    un-checkpointed single-device model (the recomputation in backward dispatches through
+    hyper_shard like the forward did; the reentrant form calls torch.autograd.backward on
+    DTensor outputs with plain local gradients)."""
     from torch.utils.checkpoint import checkpoint
 
     from hyper_shard.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -409,7 +410,7 @@ def check_activation_checkpointing(rank, world):
 
         def forward(self, x):
             for b in self.blocks:
-                x = checkpoint(b, x, use_reentrant=False) if self.ckpt else b(x)
+                x = checkpoint(b, x, use_reentrant=reentrant) if self.ckpt else b(x)
             return x
 
     mesh = init_device_mesh("cpu", (world,))
@@ -422,6 +423,8 @@ def check_activation_checkpointing(rank, world):
     g = torch.Generator().manual_seed(1)
     for _ in range(2):
         xb, yb = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+        # the reentrant form needs an input that requires grad (a PyTorch rule)
+        xb.requires_grad_(reentrant)
         lr_ = F.mse_loss(ref(xb), yb)
         lt = F.mse_loss(tp(xb), yb)
         ref.zero_grad()
@@ -435,5 +438,40 @@ def check_activation_checkpointing(rank, world):
     return True
 
 
-def test_activation_checkpointing(dist2):
-    assert dist2.run(check_activation_checkpointing) == [True, True]
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing(dist2, reentrant):
+    assert dist2.run(check_activation_checkpointing, reentrant) == [True, True]
+
+
+def check_autograd_backward(rank, world):
+    """torch.autograd.backward / torch.autograd.grad on DTensors, as on plain tensors: DTensor
+    gradients are read by their placements, a scalar loss needs none."""
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(8)
+    a, w = torch.randn(5, 3), torch.randn(3, 4)
+    x = distribute_tensor(a, mesh, [Shard(0)]).requires_grad_()
+    y = x @ distribute_tensor(w, mesh, [Replicate()])
+    gy = torch.randn(5, 4)
+    torch.autograd.backward([y], [distribute_tensor(gy, mesh, [Shard(1)])])
+    ref = a.clone().requires_grad_()
+    torch.autograd.backward([ref @ w], [gy])
+    torch.testing.assert_close(x.grad.full_tensor(), ref.grad)
+    x.grad = None
+    torch.autograd.backward((x * x).sum())
+    torch.testing.assert_close(x.grad.full_tensor(), 2 * a)
+    (gx,) = torch.autograd.grad((x.sin()).sum(), [x])
+    assert isinstance(gx, DTensor)
+    torch.testing.assert_close(gx.full_tensor(), a.cos())
+    # backward(inputs=[...]) accumulates into the named leaves only
+    wd = distribute_tensor(w, mesh, [Replicate()]).requires_grad_()
+    x.grad = None
+    (x @ wd).pow(2).sum().backward(inputs=[x])
+    ref = a.clone().requires_grad_()
+    (ref @ w).pow(2).sum().backward()
+    torch.testing.assert_close(x.grad.full_tensor(), ref.grad)
+    assert wd.grad is None
+    return True
+
+
+def test_autograd_backward(dist2):
+    assert dist2.run(check_autograd_backward) == [True, True]

@@ -254,7 +254,24 @@ def _backward(args: Any, kwargs: dict) -> None:
     names = ("gradient", "retain_graph", "create_graph", "inputs")
     opts = dict(zip(names, args[1:]))
     opts.update(kwargs)
-    gradient = opts.pop("gradient", None)
+    local, seed = _seed(self, opts.pop("gradient", None))
+    _run_backward((local,), (seed,), opts)
+
+
+def _run_backward(outs: tuple, seeds: tuple, opts: dict) -> None:
+    # outs and seeds are plain tensors; torch functions stay enabled so that tensor hooks
+    # (register_hook) run during this backward see DTensor arithmetic, not plain locals.
+    # inputs= must be the DTensor leaves themselves (an alias would be another node), so
+    # that form runs with torch functions off to reach the engine.
+    if opts.get("inputs") is not None:
+        with DisableTorchFunctionSubclass():
+            torch.autograd.backward(outs, seeds, **opts)
+    else:
+        torch.autograd.backward(outs, seeds, **opts)
+
+
+def _seed(self: Any, gradient: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The local tensor of ``self`` and the local gradient to start its backward with."""
     spec = self._spec
     plat = _plat(self)
     if gradient is None:
@@ -279,17 +296,104 @@ def _backward(args: Any, kwargs: dict) -> None:
         if any(type(p) is Replicate and coord[m] != 0 for m, p in enumerate(tspec.placements)):
             with DisableTorchFunctionSubclass():
                 seed = torch.zeros_like(local)
+        return local, seed
+    if not isinstance(gradient, DTensor):
+        raise TypeError(
+            "DTensor.backward(gradient=...): the gradient must be a DTensor with the same "
+            "global shape and mesh"
+        )
+    local = _local(self)
+    return local, local_derivative(plat, _local(gradient).detach(), gradient._spec.placements, spec)
+
+
+@_on(torch.autograd.backward)
+def _autograd_backward(args: Any, kwargs: dict) -> None:
+    """``torch.autograd.backward(tensors, grad_tensors, ...)`` with DTensors: each DTensor
+    output is seeded as by ``DTensor.backward`` (a DTensor gradient read by its placements,
+    none for a scalar loss); a plain gradient of a DTensor output is taken as its local
+    gradient, which is what autograd hands a custom Function's backward (reentrant
+    activation checkpointing calls this way). Shapes of such plain gradients must be the
+    local ones.
+
+    Raises:
+        ValueError: a plain gradient whose shape is not the output's local shape.
+    """
+    names = ("tensors", "grad_tensors", "retain_graph", "create_graph", "grad_variables", "inputs")
+    opts = dict(zip(names, args))
+    opts.update(kwargs)
+    tensors = opts.pop("tensors")
+    grads = opts.pop("grad_tensors", None)
+    legacy = opts.pop("grad_variables", None)
+    grads = legacy if grads is None else grads
+    ts = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+    if grads is None:
+        gs: tuple = (None,) * len(ts)
+    elif isinstance(grads, torch.Tensor):
+        gs = (grads,)
     else:
-        if not isinstance(gradient, DTensor):
-            raise TypeError(
-                "DTensor.backward(gradient=...): the gradient must be a DTensor with the same "
-                "global shape and mesh"
-            )
-        local = _local(self)
-        seed = local_derivative(plat, _local(gradient).detach(), gradient._spec.placements, spec)
-    # local and seed are plain tensors; torch functions stay enabled so that tensor hooks
-    # (register_hook) run during this backward see DTensor arithmetic, not plain locals
-    torch.autograd.backward(local, seed, **opts)
+        gs = tuple(grads)
+    # the local aliases must keep the graph: autograd may be off here (a backward run
+    # inside another backward, as reentrant checkpointing does)
+    with torch.enable_grad():
+        pairs = [_pair(t, g) for t, g in zip(ts, gs)]
+    _run_backward(tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), opts)
+
+
+@_on(torch.autograd.grad)
+def _autograd_grad(args: Any, kwargs: dict) -> Any:
+    """``torch.autograd.grad(outputs, inputs, grad_outputs, ...)`` with DTensors: outputs
+    are seeded as by :func:`_autograd_backward`; the gradient of a DTensor input is a
+    DTensor in the local-derivative form, as its ``.grad`` would be."""
+    names = (
+        "outputs", "inputs", "grad_outputs", "retain_graph", "create_graph", "only_inputs",
+        "allow_unused", "is_grads_batched", "materialize_grads",
+    )  # fmt: skip
+    opts = dict(zip(names, args))
+    opts.update(kwargs)
+    outputs, inputs = opts.pop("outputs"), opts.pop("inputs")
+    gouts = opts.pop("grad_outputs", None)
+    os_ = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
+    ins = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    if gouts is None:
+        gs: tuple = (None,) * len(os_)
+    elif isinstance(gouts, torch.Tensor):
+        gs = (gouts,)
+    else:
+        gs = tuple(gouts)
+    with torch.enable_grad():
+        pairs = [_pair(o, g) for o, g in zip(os_, gs)]
+    with DisableTorchFunctionSubclass():  # the DTensor inputs are the graph's own nodes
+        res = torch.autograd.grad(
+            tuple(p[0] for p in pairs), ins, tuple(p[1] for p in pairs), **opts
+        )
+    out = []
+    for i, r in zip(ins, res):
+        if isinstance(i, DTensor) and r is not None:
+            spec = i._spec
+            r = wrap(r, spec.with_placements([grad_placement(p) for p in spec.placements]))
+        out.append(r)
+    return tuple(out)
+
+
+def _pair(t: Any, g: Any) -> tuple[Any, Any]:
+    """(the tensor to run backward from, its gradient), both plain."""
+    if not isinstance(t, DTensor):
+        return t, (_local(g) if isinstance(g, DTensor) else g)
+    if g is None or isinstance(g, DTensor):
+        return _seed(t, g)
+    local = _local(t)
+    if tuple(g.shape) != tuple(local.shape):
+        raise ValueError(
+            f"torch.autograd.backward: a plain gradient of shape {tuple(g.shape)} for a "
+            f"DTensor output {_fmt(t)} must have its local shape {tuple(local.shape)}; pass "
+            f"a DTensor gradient for a global one"
+        )
+    return local, g
+
+
+def _fmt(t: Any) -> str:
+    spec = t._spec
+    return f"DTensor{list(spec.shape)}[{', '.join(str(p) for p in spec.placements)}]"
 
 
 @_on(T.register_hook)
