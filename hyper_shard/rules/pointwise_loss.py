@@ -119,3 +119,74 @@ class PointwiseLossOp(PointwiseOp):
 
         layout.impl = local_loss
         return layout
+
+
+class PairwiseReduceParams(PointwiseParams):
+    #: the reduced dim of the broadcast shape: an argument name, or ``last`` (pairwise
+    #: distance reduces the last dim)
+    dim_arg: str = "dim"
+    default_dim: int = 1
+    keepdim_arg: str | None = None
+
+
+@register_rule("pairwise_reduce")
+class PairwiseReduceOp(PointwiseOp):
+    """Two broadcastable inputs combined elementwise and reduced along one dim of the
+    broadcast shape (``cosine_similarity(x1, x2, dim)``, ``pairwise_distance(x1, x2)``,
+    which reduces the last dim): the reduced dim is gathered, every other dim keeps its
+    shard (moved past the removed dim); no Partial input (not linear). Semantics as
+    ``torch.nn.functional``.
+
+    Raises:
+        IndexError: the dim is out of range for the broadcast shape.
+    """
+
+    Params = PairwiseReduceParams
+    signature = ("x1", "x2", "dim", "eps")  # type: ignore[assignment]
+
+    def __init__(self, name: str, params: Any = None) -> None:
+        super().__init__(name, params)
+        if self.params.static_args is None:
+            names = [self.params.dim_arg]
+            if self.params.keepdim_arg:
+                names.append(self.params.keepdim_arg)
+            self.static_names = tuple(n for n in names if n != "last")
+
+    def _dims(self, call: OpCall) -> tuple[tuple[int, ...], int, bool]:
+        full = PointwiseOp.output_shapes(self, call)[0]
+        assert full is not None
+        n = len(full)
+        if self.params.dim_arg == "last":
+            d = n - 1
+        else:
+            v = call.static.get(self.params.dim_arg)
+            d = self.params.default_dim if v is None else int(v)
+            if not -max(n, 1) <= d < max(n, 1):
+                raise IndexError(
+                    f"{call.describe()}: dim {d} is out of range for the broadcast shape {full}"
+                )
+            d %= max(n, 1)
+        keep = bool(call.static.get(self.params.keepdim_arg)) if self.params.keepdim_arg else False
+        return full, d, keep
+
+    def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
+        full, d, keep = self._dims(call)
+        if not full:
+            return [()]
+        shape = list(full)
+        if keep:
+            shape[d] = 1
+        else:
+            del shape[d]
+        return [tuple(shape)]
+
+    def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
+        full, d, keep = self._dims(call)
+        out: list[SingleDimStrategy] = []
+        for outs, ins in super().single_dim_strategies(call):
+            p = outs[0]
+            if type(p) is not Shard or p.dim == d:
+                continue  # the reduced dim is gathered; no Partial (mode none)
+            od = p.dim if (keep or p.dim < d) else p.dim - 1
+            out.append(((Shard(od),), ins))
+        return out
