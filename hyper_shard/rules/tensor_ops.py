@@ -235,7 +235,7 @@ def _dims_arg(v: Any, ndim: int, what: str) -> list[int]:
 TensorOpKind = Literal[
     "cat", "stack", "split", "chunk", "unbind", "narrow", "select", "flip", "repeat", "triu",
     "tril", "scan", "sort", "topk", "roll", "pad", "diagonal", "repeat_interleave", "glu",
-    "tile",
+    "tile", "kthvalue",
 ]  # fmt: skip
 
 _SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -265,6 +265,7 @@ _SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("repeats", "dim", "output_size"),
     ),
     "glu": (("input", "dim"), ("dim",)),
+    "kthvalue": (("input", "k", "dim", "keepdim"), ("k", "dim", "keepdim")),
 }
 
 
@@ -502,6 +503,27 @@ class TensorOp(PlannedOp):
         if spec.ndim:
             shape[dim] = k
         return self._along(spec, {dim} if spec.ndim else set(), tuple(shape), [])
+
+    def _plan_kthvalue(self, call: OpCall, st: dict) -> OpPlan:
+        # torch.kthvalue / torch.median(x, dim) / torch.mode(x, dim): (values, indices)
+        # along one dim, which is gathered; other dims keep their shards
+        spec = self._one(call)
+        nd = max(spec.ndim, 1)
+        dim = normalize_dim(as_int(_pick(st, "dim", None, -1), "dim"), nd, "dim")
+        keepdim = bool(st.get("keepdim"))
+        if "k" in self.binder.pos:
+            k = as_int(st.get("k"), "k")
+            n = spec.shape[dim] if spec.ndim else 1
+            if not 1 <= k <= n:
+                raise IndexError(f"kthvalue(): selected number k={k} out of range for dim {dim}")
+        shape = list(spec.shape)
+        if spec.ndim:
+            if keepdim:
+                shape[dim] = 1
+            else:
+                del shape[dim]
+        keep = {d: (d if keepdim or d < dim else d - 1) for d in range(spec.ndim) if d != dim}
+        return OpPlan([tuple(shape)] * 2, keep_strategies([keep], 2, []))
 
     def _plan_roll(self, call: OpCall, st: dict) -> OpPlan:
         # rolled dims are gathered; dims=None rolls the flattened tensor: every dim is
