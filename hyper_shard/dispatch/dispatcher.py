@@ -87,11 +87,13 @@ class Dispatcher:
         self.decompose = decompose
 
     def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        bound = self.lookup(func)
         if config.implicit_replication:
             args, kwargs = self._replicate_plain(args, kwargs)
+        elif bound is not None and getattr(bound.op, "replicate_plain_lists", False):
+            args, kwargs = self._replicate_plain(args, kwargs, lists_only=True)
         if kwargs and kwargs.get("out") is not None:
             return self._with_out(func, args, kwargs)
-        bound = self.lookup(func)
         if bound is None:
             return self._unregistered(func, args, kwargs)
         key, dts = bound.key(args, kwargs)
@@ -131,12 +133,15 @@ class Dispatcher:
                     f"(docs/custom_ops.md) or write a class for it"
                 )
 
-    def _replicate_plain(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def _replicate_plain(
+        self, args: tuple, kwargs: dict, lists_only: bool = False
+    ) -> tuple[tuple, dict]:
         """Under implicit replication: every plain tensor of rank >= 1 next to a DTensor,
         and every plain tensor inside a list or tuple (0-d too), becomes a ``Replicate``
         DTensor on that DTensor's mesh (an alias: same storage, autograd kept). The plain
         tensor must hold the same values on every rank, as in PyTorch DTensor's
-        ``implicit_replication``; ``out=`` tensors are left alone."""
+        ``implicit_replication``; ``out=`` tensors are left alone. ``lists_only``: only
+        the list elements (the default for foreach ops, whose elements are independent)."""
         is_dt = self.is_dtensor
         plain = self.platform.is_tensor
         mesh = None
@@ -150,7 +155,7 @@ class Dispatcher:
             elif type(a) in (list, tuple):
                 for x in a:
                     scan(x, True)
-            elif plain(a) and (nested or len(self.platform.shape(a)) > 0):
+            elif plain(a) and (nested or (not lists_only and len(self.platform.shape(a)) > 0)):
                 found = True
 
         for a in args:
@@ -171,7 +176,7 @@ class Dispatcher:
                 return a
             if type(a) in (list, tuple):
                 return type(a)(conv(x, True) for x in a)
-            if plain(a) and (nested or len(plat.shape(a)) > 0):
+            if plain(a) and (nested or (not lists_only and len(plat.shape(a)) > 0)):
                 return plat.wrap(a, DTensorSpec(mesh, reps, plat.tensor_meta(a)))
             return a
 

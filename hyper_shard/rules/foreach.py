@@ -133,6 +133,10 @@ class ForeachOp(DistributedOp):
 
     Params = ForeachParams
     signature = ("self", "other", "*args")
+    #: plain tensors in the lists (parameters of modules left out of a TP plan, their
+    #: gradients and optimizer states) are taken as Replicate elements, each element
+    #: being its own op: torch.optim with foreach=True steps mixed models as on one device
+    replicate_plain_lists = True
 
     def infer_layout(self, call: OpCall) -> Layout:
         # group the DTensor inputs: list elements by (argument, index); the rest is shared

@@ -246,6 +246,57 @@ def test_clip_grad_norm_mixed(dist2):
     assert dist2.run(check_clip_grad_norm_mixed) == [True, True]
 
 
+def check_foreach_optimizers_mixed(rank, world, opt_name):
+    """torch.optim with foreach=True over a TP model whose LayerNorm stays plain: the foreach
+    lists mix DTensor and plain tensors; each element is its own op, so plain elements are
+    taken as Replicate (PyTorch DTensor raises here). Gradient clipping with foreach too.
+    Losses, total norms and parameters equal the single-device run."""
+    from hyper_shard.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(6)
+            self.up = torch.nn.Linear(6, 10)
+            self.down = torch.nn.Linear(10, 6)
+
+        def forward(self, x):
+            return self.down(torch.relu(self.up(self.norm(x))))
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    ref, tp = MLP(), MLP()
+    tp.load_state_dict(ref.state_dict())
+    parallelize_module(tp, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    make = {
+        "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.05, foreach=True),
+        "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, foreach=True),
+    }[opt_name]
+    opt_r, opt_t = make(ref.parameters()), make(tp.parameters())
+    g = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        xb, yb = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+        for m, opt in ((ref, opt_r), (tp, opt_t)):
+            opt.zero_grad()
+            F.mse_loss(m(xb), yb).backward()
+            n = torch.nn.utils.clip_grad_norm_(m.parameters(), 0.1, foreach=True)
+            opt.step()
+            if m is ref:
+                nr = n
+            else:
+                nt = n.full_tensor() if isinstance(n, DTensor) else n
+        torch.testing.assert_close(nt, nr, atol=1e-5, rtol=1e-5)
+    for (name, p), (_, q) in zip(ref.named_parameters(), tp.named_parameters()):
+        qf = q.full_tensor() if isinstance(q, DTensor) else q
+        torch.testing.assert_close(qf.detach(), p.detach(), atol=1e-5, rtol=1e-5, msg=name)
+    return True
+
+
+@pytest.mark.parametrize("opt_name", ["adamw", "sgd"])
+def test_foreach_optimizers_mixed(dist2, opt_name):
+    assert dist2.run(check_foreach_optimizers_mixed, opt_name) == [True, True]
+
+
 def check_tensor_hooks(rank, world):
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(4)
