@@ -147,6 +147,15 @@ def _full(fn) -> object:
         return f"{type(e).__name__}: {e}"
 
 
+def _implicit(fn):
+    """``fn()`` inside hyper_shard.experimental.implicit_replication(), as full numpy."""
+    from hyper_shard.experimental import implicit_replication
+
+    with implicit_replication():
+        r = fn()
+    return (str(r.placements), r.full_tensor().asnumpy())
+
+
 def check_operators(rank: int, world: int) -> dict:
     from mindspore import Tensor, mint
 
@@ -170,6 +179,7 @@ def check_operators(rank: int, world: int) -> dict:
         "neg": (-d).full_tensor().asnumpy(),
         "cmp": (d > 1).full_tensor().asnumpy(),
         "plain_mixed": _try(lambda: Tensor(X) + d),
+        "implicit": _try(lambda: _implicit(lambda: (Tensor(X) + d) * Tensor(X[0]))),
         "rmatmul": _try(
             lambda: Tensor(X) @ hs.distribute_tensor(Tensor(X.T.copy()), mesh, [Replicate()])
         ),
@@ -240,6 +250,9 @@ def test_operators(ms2):
             out["plain_mixed"].startswith("ShardingError")
             and "distribute_tensor" in out["plain_mixed"]
         )
+        assert not isinstance(out["implicit"], str), out["implicit"]
+        assert out["implicit"][0] == "(Shard(dim=1),)"
+        np.testing.assert_allclose(out["implicit"][1], (X + X) * X[0], rtol=1e-6)
         assert out["rmatmul"].startswith("ShardingError")
         assert out["add_"][0] is True
         np.testing.assert_allclose(out["add_"][1], 2 * X, rtol=1e-6)  # written in place on CPU
