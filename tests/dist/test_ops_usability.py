@@ -526,3 +526,30 @@ def check_autograd_backward(rank, world):
 
 def test_autograd_backward(dist2):
     assert dist2.run(check_autograd_backward) == [True, True]
+
+
+def check_autocast_loss_parallel(rank, world):
+    """Under torch.autocast (CPU, bfloat16) the vocab-parallel cross_entropy runs in float32,
+    as autocast runs torch's cross_entropy: same dtype and value as plain autocast."""
+    from hyper_shard.parallel import loss_parallel
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    x, w, t = torch.randn(16, 8), torch.randn(50, 8) * 0.3, torch.randint(0, 50, (16,))
+    xr = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lr = F.cross_entropy(F.linear(xr, w), t)
+        xd = distribute_tensor(x, mesh, [Replicate()]).requires_grad_()
+        logits = F.linear(xd, distribute_tensor(w, mesh, [Shard(0)]))
+        with loss_parallel():
+            ld = F.cross_entropy(logits, distribute_tensor(t, mesh, [Replicate()]))
+            ld.backward()
+    lr.backward()
+    assert ld.dtype == lr.dtype == torch.float32
+    torch.testing.assert_close(ld.full_tensor(), lr, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(xd.grad.full_tensor().float(), xr.grad, atol=1e-3, rtol=1e-2)
+    return True
+
+
+def test_autocast_loss_parallel(dist2):
+    assert dist2.run(check_autocast_loss_parallel) == [True, True]

@@ -40,6 +40,14 @@ def _args(b: Binder, args: tuple, kwargs: dict) -> tuple:
     )
 
 
+def _autocast_fp32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 if autocast is on for its device and ``x`` is a lower-precision
+    float (as autocast treats its float32 ops), else ``x``."""
+    if x.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(x.device.type):
+        return x.float()
+    return x
+
+
 def _index_denominator(
     target: torch.Tensor,
     weight: torch.Tensor | None,
@@ -205,6 +213,9 @@ class ClassParallelLoss:
                 f"class dim is Replicate (e.g. .redistribute(mesh, [Replicate()])) first"
             )
         x, t, w, ii, ls = _args(self.binder, args, kwargs)
+        # autocast runs cross_entropy/nll_loss in float32 (torch's autocast op lists);
+        # this kernel is made of other ops, so it applies that policy itself
+        x, w = _autocast_fp32(x), (_autocast_fp32(w) if w is not None else None)
         cd = self.class_dim
         if self.kind == "nll_loss":
             logp, ls = x, 0.0
