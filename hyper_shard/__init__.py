@@ -10,7 +10,10 @@ from .dtensor import DTensor, distribute_tensor, empty, full, ones, rand, randn,
 from .errors import HyperShardError, OpNotRegisteredError, OpSpecError, ShardingError
 from .mesh import DeviceMesh, init_device_mesh
 from .placement import Partial, Placement, Replicate, Shard
+from .registry.loader import add_python_path_at_import as _add_python_path
 from .spec import DTensorSpec, TensorMeta
+
+_add_python_path()
 
 __version__ = "0.1.0"
 

@@ -355,7 +355,7 @@ def local_derivative(
     if ext_dims:
         x = forward_local
         for m, op in ext_dims:  # mask each partial mesh dim in turn (nested reductions)
-            group = spec.mesh.get_group(m)
+            group = spec.mesh._group(m)
             y = plat.all_reduce(x, op, group)
             mask = plat.eq_mask(x, y)
             out = plat.div(plat.mul(out, mask), plat.all_reduce(mask, "sum", group))
@@ -391,7 +391,7 @@ def _infer_global_shape(
         p = placements[m]
         if type(p) is not Shard:
             continue
-        sizes = plat.all_gather_object(shape[p.dim], mesh.get_group(m), mesh.shape[m])
+        sizes = plat.all_gather_object(shape[p.dim], mesh._group(m), mesh.shape[m])
         total = sum(sizes)
         expect = chunk_sizes(total, mesh.shape[m])
         if list(sizes) != expect:
@@ -416,7 +416,7 @@ def _check_shapes_collectively(
     ok = tuple(local_shape) == spec.local_shape()
     agreed = ok
     for m in range(mesh.ndim):  # AND over each mesh dim in turn = AND over the mesh
-        agreed = all(plat.all_gather_object(agreed, mesh.get_group(m), mesh.shape[m]))
+        agreed = all(plat.all_gather_object(agreed, mesh._group(m), mesh.shape[m]))
     if not agreed:
         raise ValueError(
             f"DTensor.from_local(run_check=True): some rank's local shape does not match the "
@@ -461,7 +461,7 @@ def distribute_tensor(
         src_coord = device_mesh._compute_coordinate(device_mesh.ranks[src_data_rank])
         assert src_coord is not None
         for m in range(device_mesh.ndim):
-            full = plat.broadcast(full, src_coord[m], device_mesh.get_group(m))
+            full = plat.broadcast(full, src_coord[m], device_mesh._group(m))
     rspec = DTensorSpec(device_mesh, (Replicate(),) * device_mesh.ndim, meta)
     spec = DTensorSpec(device_mesh, placements, meta)
     local = _redistribute_plain(plat, full, rspec, spec.placements)

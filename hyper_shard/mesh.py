@@ -239,11 +239,21 @@ class DeviceMesh:
         return self._coordinate[d]
 
     def get_group(self, mesh_dim: int | str | None = None) -> Any:
-        """The process group of this rank along ``mesh_dim``.
+        """The process group of this rank along ``mesh_dim``, as the framework's own
+        collectives take it (as PyTorch's ``DeviceMesh.get_group``: a torch
+        ``ProcessGroup`` for ``torch.distributed.all_reduce(t, group=...)``; on MindSpore
+        the group object whose ``name`` MindSpore's communication takes).
 
         Raises:
             RuntimeError: the mesh is abstract.
+            ValueError: no ``mesh_dim`` on a mesh of more than one dim.
         """
+        g = self._group(mesh_dim)
+        assert self._platform is not None
+        return self._platform.native_group(g)
+
+    def _group(self, mesh_dim: int | str | None = None) -> Any:
+        """hyper_shard's group of this rank along ``mesh_dim`` (ranks + native group)."""
         if self._groups is None:
             raise RuntimeError(f"{self!r} is abstract: it has no process group")
         if mesh_dim is None:
@@ -253,7 +263,7 @@ class DeviceMesh:
         return self._groups[self._dim_index(mesh_dim)]
 
     def get_all_groups(self) -> list[Any]:
-        """The process group of every mesh dimension."""
+        """The process group of every mesh dimension (see :meth:`get_group`)."""
         return [self.get_group(d) for d in range(self.ndim)]
 
     def _dim_index(self, mesh_dim: int | str) -> int:

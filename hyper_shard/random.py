@@ -156,9 +156,7 @@ def manual_seed(seed: int, device_mesh: DeviceMesh | None = None) -> None:
         plat = device_mesh.platform
         seen = {seed}
         for m in range(device_mesh.ndim):
-            got = plat.all_gather_object(
-                sorted(seen), device_mesh.get_group(m), device_mesh.shape[m]
-            )
+            got = plat.all_gather_object(sorted(seen), device_mesh._group(m), device_mesh.shape[m])
             seen = {s for lst in got for s in lst}
         if len(seen) > 1:
             raise ValueError(
@@ -199,7 +197,7 @@ def rng_synced(device_mesh: DeviceMesh) -> bool:
     plat = device_mesh.platform
     seen = {_torch_state_digest()}
     for m in range(device_mesh.ndim):
-        got = plat.all_gather_object(sorted(seen), device_mesh.get_group(m), device_mesh.shape[m])
+        got = plat.all_gather_object(sorted(seen), device_mesh._group(m), device_mesh.shape[m])
         seen = {s for lst in got for s in lst}
     return len(seen) == 1
 
@@ -218,5 +216,5 @@ def sync_rng_state(device_mesh: DeviceMesh) -> None:
     plat = device_mesh.platform
     state = torch.get_rng_state()
     for m in range(device_mesh.ndim):
-        state = plat.broadcast(state, 0, device_mesh.get_group(m))
+        state = plat.broadcast(state, 0, device_mesh._group(m))
     torch.set_rng_state(state)

@@ -233,7 +233,14 @@ class Dispatcher:
     ) -> Decision:
         _STATS["misses"] += 1
         call = self._make_call(bound, func, args, kwargs, dts)
-        layout = bound.op.infer_layout(call)
+        try:
+            layout = bound.op.infer_layout(call)
+        except (ValueError, IndexError, TypeError) as e:
+            # a rule's own shape/argument check: name the call and its placements
+            msg = str(e)
+            if type(e) in (ValueError, IndexError, TypeError) and call.platform_name not in msg:
+                raise type(e)(f"{call.describe()}: {msg}") from None
+            raise
         dec = Decision(call, layout)
         _CACHE[key] = dec
         if len(_CACHE) > config.cache_size:

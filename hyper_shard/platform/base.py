@@ -150,6 +150,11 @@ class Platform:
     def requires_grad(self, t: Any) -> bool:
         raise NotImplementedError
 
+    def native_group(self, group: Any) -> Any:
+        """What ``DeviceMesh.get_group`` hands users: the framework's own group object
+        (default: hyper_shard's group itself)."""
+        return group
+
     def cast(self, t: Any, dtype: Any) -> Any:
         """``t`` converted to ``dtype`` (differentiable; a plain local tensor)."""
         raise NotImplementedError(

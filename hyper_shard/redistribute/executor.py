@@ -144,7 +144,7 @@ def run_step(
         if op in ("sum", "prod") and c != 0:
             return plat.zeros_like(t) if op == "sum" else plat.ones_like(t)
         return t
-    group = mesh.get_group(m)
+    group = mesh._group(m)
     if kind == "all_gather":
         d = src.dim  # type: ignore[attr-defined]
         sizes = chunk_sizes(_extent(spec, state, m, d, coord), n)
@@ -229,7 +229,7 @@ def _backward_step(
         return g
     if kind == "all_reduce":
         op = st.src.reduce_op  # type: ignore[attr-defined]
-        group = spec.mesh.get_group(m)
+        group = spec.mesh._group(m)
         total = plat.all_reduce(g, "sum", group)
         if op == "sum":
             return total

@@ -178,6 +178,20 @@ def _python_path_dirs() -> list[str]:
     return out
 
 
+def add_python_path_at_import() -> None:
+    """Append the existing directories of ``HYPER_PARALLEL_OPS_PYTHON_PATH`` to ``sys.path``
+    when hyper_shard is imported, so a user's op module (``import scaled_add_ops``) imports
+    before the registry is first built; a bad entry is left for the registry to report."""
+    added = False
+    for part in os.environ.get(PY_ENV, "").split(os.pathsep):
+        d = str(Path(part.strip()).expanduser()) if part.strip() else ""
+        if d and Path(d).is_dir() and d not in sys.path:
+            sys.path.append(d)  # after the stdlib and site-packages, never before
+            added = True
+    if added:
+        importlib.invalidate_caches()
+
+
 def _add_python_path() -> None:
     added = False
     for part in _python_path_dirs():

@@ -101,7 +101,7 @@ def _is_float(dtype: Any) -> bool:
 
 
 def _groups(mesh: Any, dims: list[int]) -> tuple:
-    return () if mesh.is_abstract else tuple(mesh.get_group(m) for m in dims)
+    return () if mesh.is_abstract else tuple(mesh._group(m) for m in dims)
 
 
 @dataclass(frozen=True)

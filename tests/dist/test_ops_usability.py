@@ -553,3 +553,22 @@ def check_autocast_loss_parallel(rank, world):
 
 def test_autocast_loss_parallel(dist2):
     assert dist2.run(check_autocast_loss_parallel) == [True, True]
+
+
+def check_mesh_groups_and_shape_errors(rank, world):
+    """DeviceMesh.get_group() is a torch ProcessGroup (as PyTorch's), usable with
+    torch.distributed directly; a rule's shape error names the call and its placements."""
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    t = torch.tensor([float(rank + 1)])
+    torch.distributed.all_reduce(t, group=mesh.get_group())
+    assert t.item() == sum(range(1, world + 1))
+    assert isinstance(mesh["tp"].get_group(), torch.distributed.ProcessGroup)
+    a = distribute_tensor(torch.randn(8, 8), mesh, [Shard(0)])
+    b = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])
+    with pytest.raises(ValueError, match=r"mse_loss\(input=DTensor\[8, 8\]\[S\(0\)\].*broadcast"):
+        F.mse_loss(a, b)
+    return True
+
+
+def test_mesh_groups_and_shape_errors(dist2):
+    assert dist2.run(check_mesh_groups_and_shape_errors) == [True, True]

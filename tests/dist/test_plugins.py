@@ -178,3 +178,21 @@ def test_yaml_only_op_via_reload(plugin_pool, tmp_path):
     (tmp_path / "extra.yaml").write_text(YAML_ONLY)
     counts = plugin_pool.run(check_yaml_only_via_reload, str(tmp_path))
     assert counts[0] > 20 and len(set(counts)) == 1
+
+
+def test_python_path_importable_at_import(tmp_path):
+    """HYPER_PARALLEL_OPS_PYTHON_PATH is on sys.path from `import hyper_shard` on (a user's
+    op module imports before the first DTensor op, as docs/custom_ops.md 3.6 does), after
+    the existing entries (never shadowing)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, hyper_shard, scaled_add_ops; "
+        "i = sys.path.index(" + repr(str(PLUGIN)) + "); "
+        "print(i == len(sys.path) - 1)"
+    )
+    env = {**__import__("os").environ, "HYPER_PARALLEL_OPS_PYTHON_PATH": str(PLUGIN)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"

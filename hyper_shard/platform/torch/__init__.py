@@ -248,6 +248,9 @@ class TorchPlatform(Platform):
         with DisableTorchFunctionSubclass():
             return _Custom.apply(x, fwd, bwd)
 
+    def native_group(self, group: Any) -> Any:
+        return group.pg
+
     def cast(self, t: Any, dtype: Any) -> torch.Tensor:
         with DisableTorchFunctionSubclass():
             return t.to(dtype)

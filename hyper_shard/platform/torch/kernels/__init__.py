@@ -23,7 +23,7 @@ def groups_of(mesh: Any, mesh_dims: Sequence[int]) -> tuple[Any, ...]:
     """The process groups of ``mesh_dims`` (empty on an abstract mesh)."""
     if mesh.is_abstract:
         return ()
-    return tuple(mesh.get_group(m) for m in mesh_dims)
+    return tuple(mesh._group(m) for m in mesh_dims)
 
 
 def all_reduce(plat: Any, t: torch.Tensor, op: str, groups: Sequence[Any]) -> torch.Tensor:
