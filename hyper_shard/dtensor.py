@@ -97,7 +97,10 @@ class DTensor:
         Raises:
             ValueError: placements that do not fit the mesh, or local shards that are not
                 the ``torch.chunk`` layout of ``shape`` (the message gives the expected
-                local shape and how to fix it).
+                local shape and how to fix it). With ``shape`` given and
+                ``run_check=False`` (no communication) only the ranks whose own shard does
+                not fit can see it and raise; pass ``run_check=True`` to make every rank
+                raise together, so no rank goes on to a collective the others never join.
         """
         from .platform.select import platform_of_tensor
 

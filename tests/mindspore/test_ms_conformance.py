@@ -222,6 +222,10 @@ def samples() -> dict[str, list[Sample]]:
         "SplitTensorView": [S("mint.split(a, 2)", lambda a: mint.split(a, 2), A)],
         "Chunk": [S("a.chunk(2, 1)", lambda a: a.chunk(2, 1), A)],
         "Narrow": [S("a.narrow(0, 1, 3)", lambda a: a.narrow(0, 1, 3), A)],
+        "ReverseV2": [
+            S("mint.flip(a, (0,))", lambda a: mint.flip(a, (0,)), A),
+            S("mint.flip(a, (0, 1))", lambda a: mint.flip(a, (0, 1)), A),
+        ],
         "NarrowView": [S("mint.narrow(a, 1, 1, 2)", lambda a: mint.narrow(a, 1, 1, 2), A)],
         "__getitem__": [
             S("a[1:4, ::2]", lambda a: a[1:4, ::2], A),
