@@ -10,8 +10,8 @@ each library's style classes — in the same 2 gloo ranks (127.0.0.1,
 ``torch.set_num_threads(1)``), in the same run, steps alternating between the two.
 
 A step is timed in four phases — forward (model and loss), backward, optimizer step
-(``step`` + ``zero_grad``), reading the loss value (hyper_shard's ``loss_parallel`` loss is
-``Partial(sum)``: reading it is one all-reduce; PyTorch's is already reduced) — with a
+(``step`` + ``zero_grad``), reading the loss value (both libraries' ``loss_parallel`` losses
+are already reduced: no collective) — with a
 ``dist.barrier()`` before each step; a phase's time is the median over the timed steps of
 the slower rank. **ratio = hyper_shard / torch: < 1 means hyper_shard is faster** (the
 target for the whole step, loss read included, is at most 0.7). Both libraries' losses are
@@ -20,7 +20,8 @@ compared at every step (they must agree to 1e-5 relative).
 Where the difference comes from: both run the same local kernels and the same
 collectives per layer, except that hyper_shard's q/k/v (and gate/up) projections share one
 wrap of their input, so its backward all-reduces the input gradient once per block instead
-of once per projection (14 collectives per step here against PyTorch's 19); and a step pays
+of once per projection, and its vocab-parallel loss packs the target logit into the
+log-sum-exp all-reduce (13 collectives per step here against PyTorch's 19); and a step pays
 dispatch once per function call on the forward, while PyTorch DTensor dispatches every aten
 op of forward and backward.
 
@@ -115,7 +116,7 @@ def _step(lib: dict[str, Any], x: torch.Tensor, y: torch.Tensor, pos: torch.Tens
     lib["opt"].step()
     lib["opt"].zero_grad(set_to_none=True)
     t3 = time.perf_counter()
-    value = lib["value"](loss)  # a training loop logs it (hyper_shard: one all-reduce)
+    value = lib["value"](loss)  # a training loop logs it
     t4 = time.perf_counter()
     return (t1 - t0, t2 - t1, t3 - t2, t4 - t3), value
 

@@ -18,9 +18,12 @@ Per mesh dim:
   local mean would be wrong for uneven shards and ignored targets);
 * **class-sharded** input (vocab parallel): inside :func:`hyper_shard.parallel.loss_parallel`
   the loss is computed without gathering the logits (max and sum-exp all-reduces, the
-  target logit taken on the rank owning the class), ``Partial(sum)`` over the class mesh
-  dims, ``label_smoothing``, ``ignore_index`` and ``weight`` (sharded with the classes)
-  included. Outside ``loss_parallel()`` the call raises :class:`ShardingError` saying to
+  target logit taken on the rank owning the class), ``label_smoothing``, ``ignore_index``
+  and ``weight`` (sharded with the classes) included. ``cross_entropy`` with class-index
+  targets and no weight packs the target logit (and the smoothing sum) into the sum-exp
+  all-reduce, so its loss is ``Replicate`` over the class mesh dims (reading it costs no
+  collective; PyTorch's loss_parallel gives a replicated loss too); weighted, probability
+  targets and ``nll_loss`` give ``Partial(sum)`` there. Outside ``loss_parallel()`` the call raises :class:`ShardingError` saying to
   wrap it or redistribute (only a class dim the caller already sharded is kept so);
 * ``nll_loss`` is linear in its input: a ``Partial(sum|avg)`` input stays Partial.
 
@@ -217,7 +220,12 @@ class LossOp(DistributedOp):
             ins[f.i_t] = Shard(f.class_dim) if f.prob else R
             if f.i_w is not None:
                 ins[f.i_w] = Shard(0)
-            out.append(((psum,), tuple(ins)))
+            # class-sharded: cross_entropy with class-index targets and no weight fuses its
+            # target pick into the log-sum-exp all-reduce, so the loss comes out Replicate
+            # (read with no further collective); otherwise each rank holds a Partial(sum)
+            # share (kernels/loss.py ClassParallelLoss.replicated_output)
+            fused = self.params.kind == "cross_entropy" and not f.prob and f.i_w is None
+            out.append(((R if fused else psum,), tuple(ins)))
         if self.params.kind == "nll_loss":
             for op in LINEAR_OPS:
                 ins = [R] * n

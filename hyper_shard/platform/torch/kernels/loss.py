@@ -12,7 +12,10 @@
   inside ``loss_parallel()``: log-probabilities as above; the target's log-probability is
   picked on the rank that owns the target class (zero elsewhere), label smoothing sums
   the local classes; the per-sample loss is ``Partial(sum)`` over the class-sharding mesh
-  dims. ``'mean'`` divides by the global denominator (an all-reduce of a scalar).
+  dims. ``'mean'`` divides by the global denominator (an all-reduce of a scalar). The
+  common case (``cross_entropy``, class-index targets, no weight) is fused: one
+  differentiable all-reduce of per-sample columns (sum-exp, the owner's target logit, the
+  smoothing sum) after the max all-reduce, giving a ``Replicate`` loss.
 """
 
 from __future__ import annotations
@@ -217,6 +220,8 @@ class ClassParallelLoss:
         # this kernel is made of other ops, so it applies that policy itself
         x, w = _autocast_fp32(x), (_autocast_fp32(w) if w is not None else None)
         cd = self.class_dim
+        if self.replicated_output(w is not None):
+            return self._reduce(self._fused_index_loss(x, t, ii, ls), t, None, ii)
         if self.kind == "nll_loss":
             logp, ls = x, 0.0
         else:
@@ -225,6 +230,62 @@ class ClassParallelLoss:
             per = self._prob_target(logp, t, w, ls)
         else:
             per = self._index_target(logp, t, w, ii, ls)
+        return self._reduce(per, t, w, ii, x.shape[cd])
+
+    def replicated_output(self, weighted: bool) -> bool:
+        """Whether the per-sample loss comes out Replicate over the class-sharding mesh
+        dims (the fused path: cross_entropy, class-index targets, no weight); else it is
+        Partial(sum) there. The rule declares the same (rules/loss.py)."""
+        return self.kind == "cross_entropy" and self.prob_count is None and not weighted
+
+    def _fused_index_loss(
+        self, x: torch.Tensor, t: torch.Tensor, ignore_index: int, ls: float
+    ) -> torch.Tensor:
+        """Per-sample cross_entropy with one differentiable all-reduce over the class
+        groups: each rank sums its classes' ``exp(x - max)``, its share of the target's
+        shifted logit (the owner's value, 0 elsewhere) and, with label smoothing, of the
+        shifted logits; the summed columns give ``log S - z_t`` (and the smoothing term)
+        identical on every rank, so the loss is Replicate and reading it needs no further
+        collective. The max all-reduce only stabilises (no gradient)."""
+        cd = self.class_dim
+        with torch.no_grad():
+            if x.shape[cd] > 0:
+                m = x.amax(cd, keepdim=True)
+            else:
+                shape = list(x.shape)
+                shape[cd] = 1
+                m = torch.full(shape, float("-inf"), dtype=x.dtype, device=x.device)
+            m = all_reduce(self.plat, m, "max", self.class_groups)
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        z = x - m
+        n_local = x.shape[cd]
+        valid = t != ignore_index
+        lt = t - self.class_offset
+        own = valid & (lt >= 0) & (lt < n_local)
+        if n_local > 0:
+            idx = torch.where(own, lt, torch.zeros_like(lt))
+            zt = z.gather(cd, idx.unsqueeze(cd)).squeeze(cd)
+        else:  # no local class: zeros that keep the autograd graph connected
+            zt = z.sum(cd) * 0
+        cols = [z.exp().sum(cd), torch.where(own, zt, torch.zeros_like(zt))]
+        if ls > 0.0:
+            cols.append(z.sum(cd))
+        tot = all_reduce_sum(self.plat, torch.stack(cols, -1), self.class_groups)
+        log_s = tot[..., 0].log()
+        per = log_s - tot[..., 1]
+        if ls > 0.0:
+            smooth = self.n_classes * log_s - tot[..., 2]  # -(sum over classes of logp)
+            per = (1.0 - ls) * per + (ls / self.n_classes) * smooth
+        return torch.where(valid, per, torch.zeros_like(per))
+
+    def _reduce(
+        self,
+        per: torch.Tensor,
+        t: torch.Tensor,
+        w: torch.Tensor | None,
+        ii: int,
+        n_local: int = 0,
+    ) -> torch.Tensor:
         if self.reduction == "none":
             return per
         total = per.sum()
@@ -236,7 +297,7 @@ class ClassParallelLoss:
             d = _index_denominator(t, None, ii, total.dtype)
             d = all_reduce(self.plat, d, "sum", self.batch_groups)
         else:
-            local = (self.class_offset, x.shape[cd])
+            local = (self.class_offset, n_local)
             d = _index_denominator(t, w, ii, total.dtype, local)
             d = all_reduce(self.plat, d, "sum", self.class_groups + self.batch_groups)
         return total / d
