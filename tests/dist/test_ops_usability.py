@@ -199,25 +199,28 @@ def test_implicit_replication(dist2):
     assert dist2.run(check_implicit_replication) == [True, True]
 
 
+class _NormMLP(torch.nn.Module):
+    """A TP-able MLP whose LayerNorm stays out of the plan (plain parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(6)
+        self.up = torch.nn.Linear(6, 10)
+        self.down = torch.nn.Linear(10, 6)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(self.norm(x))))
+
+
 def check_clip_grad_norm_mixed(rank, world):
     """A TP model whose norm layer stays plain: clip_grad_norm_ over DTensor and plain
     parameters works under implicit_replication (PyTorch DTensor fails here without it)."""
     from hyper_shard.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    class MLP(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm = torch.nn.LayerNorm(6)
-            self.up = torch.nn.Linear(6, 10)
-            self.down = torch.nn.Linear(10, 6)
-
-        def forward(self, x):
-            return self.down(torch.relu(self.up(self.norm(x))))
-
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)
-    ref = MLP()
-    tp = MLP()
+    ref = _NormMLP()
+    tp = _NormMLP()
     tp.load_state_dict(ref.state_dict())
     parallelize_module(tp, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
     opt_r = torch.optim.AdamW(ref.parameters(), lr=0.05)
@@ -253,19 +256,9 @@ def check_foreach_optimizers_mixed(rank, world, opt_name):
     Losses, total norms and parameters equal the single-device run."""
     from hyper_shard.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    class MLP(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm = torch.nn.LayerNorm(6)
-            self.up = torch.nn.Linear(6, 10)
-            self.down = torch.nn.Linear(10, 6)
-
-        def forward(self, x):
-            return self.down(torch.relu(self.up(self.norm(x))))
-
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)
-    ref, tp = MLP(), MLP()
+    ref, tp = _NormMLP(), _NormMLP()
     tp.load_state_dict(ref.state_dict())
     parallelize_module(tp, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
     make = {
