@@ -149,6 +149,8 @@ class ColwiseParallel(ParallelStyle):
         "linear": {"weight": Shard(0), "bias": Shard(0)},
         "embedding": {"weight": Shard(1)},
     }
+    #: (input, output) layouts when the caller gives none
+    _default_layouts: tuple[Placement, Placement] = (Replicate(), Shard(-1))
 
     def __init__(
         self,
@@ -158,9 +160,10 @@ class ColwiseParallel(ParallelStyle):
         use_local_output: bool = True,
     ) -> None:
         super().__init__()
-        self.input_layouts = (input_layouts or Replicate(),)
-        self.output_layouts = (output_layouts or Shard(-1),)
-        self.desired_input_layouts: tuple[Placement, ...] = (Replicate(),)
+        default_in, default_out = self._default_layouts
+        self.input_layouts = (input_layouts or default_in,)
+        self.output_layouts = (output_layouts or default_out,)
+        self.desired_input_layouts: tuple[Placement, ...] = (self._desired_input("linear"),)
         self.use_local_output = use_local_output
 
     def _prepare_input_fn(
@@ -213,18 +216,7 @@ class RowwiseParallel(ColwiseParallel):
         "embedding": {"weight": Shard(0)},
     }
 
-    def __init__(
-        self,
-        *,
-        input_layouts: Placement | None = None,
-        output_layouts: Placement | None = None,
-        use_local_output: bool = True,
-    ) -> None:
-        ParallelStyle.__init__(self)
-        self.input_layouts = (input_layouts or Shard(-1),)
-        self.output_layouts = (output_layouts or Replicate(),)
-        self.use_local_output = use_local_output
-        self.desired_input_layouts = (Shard(-1),)
+    _default_layouts: tuple[Placement, Placement] = (Shard(-1), Replicate())
 
     def _desired_input(self, kind: str) -> Placement:
         return Shard(-1) if kind == "linear" else Replicate()
