@@ -20,6 +20,9 @@ from typing import Any
 from ..errors import OpNotRegisteredError, ShardingError
 from ..redistribute.executor import backward_plan, execute_plan
 from .op import BoundOp, Decision, OpCall, fmt_placements
+from .out_variant import write_out
+from .participation import outside_mesh_layout
+from .plain_scalars import replicate_one_element
 
 __all__ = ["Dispatcher", "config", "cache_info", "clear_cache"]
 
@@ -92,6 +95,7 @@ class Dispatcher:
             args, kwargs = self._replicate_plain(args, kwargs)
         elif bound is not None and getattr(bound.op, "replicate_plain_lists", False):
             args, kwargs = self._replicate_plain(args, kwargs, lists_only=True)
+        args, kwargs = replicate_one_element(self.platform, self.is_dtensor, args, kwargs)
         if kwargs and kwargs.get("out") is not None:
             return self._with_out(func, args, kwargs)
         if bound is None:
@@ -199,33 +203,12 @@ class Dispatcher:
         return self.wrap_outputs(out, dec)
 
     def _with_out(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """``out=`` variants: compute out of place, then write into ``out`` when it is a
-        DTensor with exactly the result's layout (else a clear error; nothing is written)."""
+        """``out=`` variants: compute out of place, then write into ``out`` in ``out``'s
+        placements, as PyTorch DTensor (see :mod:`hyper_shard.dispatch.out_variant`)."""
         kw = dict(kwargs)
         out = kw.pop("out")
         result = self(func, args, kw)
-        name = self.name_of(func)
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        results = result if isinstance(result, (tuple, list)) else (result,)
-        if len(outs) != len(results):
-            raise ShardingError(
-                f"{name}: out= has {len(outs)} tensors, the op returns {len(results)}"
-            )
-        for o, r in zip(outs, results):
-            if not self.is_dtensor(o):
-                raise ShardingError(
-                    f"{name}: out= must be a DTensor when the inputs are DTensors, got "
-                    f"{type(o).__name__}; call without out= (or pass a DTensor)"
-                )
-            if o._spec.placements != r._spec.placements or o._spec.shape != r._spec.shape:
-                raise ShardingError(
-                    f"{name}: out= is {fmt_placements(o._spec)} but the result is "
-                    f"{fmt_placements(r._spec)}; call without out= and redistribute, or pass an "
-                    f"out= with the result's placements"
-                )
-        for o, r in zip(outs, results):
-            self.platform.copy_into(o, r)
-        return out
+        return write_out(self.platform, self.name_of(func), self.is_dtensor, out, result)
 
     # ------------------------------------------------------------------ miss path
     def _miss(
@@ -241,6 +224,8 @@ class Dispatcher:
             if type(e) in (ValueError, IndexError, TypeError) and call.platform_name not in msg:
                 raise type(e)(f"{call.describe()}: {msg}") from None
             raise
+        if call.mesh.get_coordinate() is None:
+            layout = outside_mesh_layout(call, layout)
         dec = Decision(call, layout)
         _CACHE[key] = dec
         if len(_CACHE) > config.cache_size:

@@ -22,7 +22,7 @@ from torch._C import DisableTorchFunctionSubclass
 
 from ...dtensor import DTensor, local_derivative, redistribute_local
 from ...placement import Partial, Replicate, grad_placement
-from ...spec import DTensorSpec
+from ...spec import DTensorSpec, global_stride
 
 __all__ = ["TorchDTensor", "wrap", "make_leaf", "PROTOCOL_HANDLERS"]
 
@@ -109,9 +109,46 @@ def _numel(args: Any, kwargs: dict) -> int:
 
 @_on(T.stride)
 def _stride(args: Any, kwargs: dict) -> Any:
-    st = args[0]._spec.stride
+    """The global stride, as PyTorch DTensor reports it: the local tensor's strides when no
+    mesh dim shards it (the local tensor is the global one), else the global tensor laid out
+    in memory like the local shard (``transpose``/``permute`` permute it, ``contiguous()``
+    restores the row-major one; :func:`~hyper_shard.spec.global_stride`)."""
+    self = args[0]
+    spec = self._spec
+    with DisableTorchFunctionSubclass():
+        lshape, lstride = tuple(self.shape), tuple(self.stride())
+    if lshape == spec.shape:
+        st = lstride
+    else:
+        st = global_stride(spec.shape, lshape, lstride)
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
     return st if dim is None else st[dim]
+
+
+@_on(T.is_same_size)
+def _is_same_size(args: Any, kwargs: dict) -> bool:
+    """Global shapes compared (a plain tensor by its own shape)."""
+    a, b = args[0], args[1] if len(args) > 1 else kwargs["other"]
+
+    def shape(t: Any) -> tuple:
+        if isinstance(t, DTensor):
+            return tuple(t._spec.shape)
+        with DisableTorchFunctionSubclass():
+            return tuple(t.shape)
+
+    return shape(a) == shape(b)
+
+
+@_on(T.contiguous)
+def _contiguous(args: Any, kwargs: dict) -> Any:
+    """``self`` when the local shard is already contiguous (as torch returns ``self``), else
+    the dispatched op (a local copy; placements kept)."""
+    self = args[0]
+    with DisableTorchFunctionSubclass():
+        done = T.is_contiguous(self, *args[1:], **kwargs)
+    if done:
+        return self
+    return _dm.torch_dispatch(T.contiguous, args, kwargs)
 
 
 @_on(T.__len__)
