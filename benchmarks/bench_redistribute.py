@@ -422,7 +422,6 @@ def _barrier_time(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-
 def _hs_move(x: Any, dst: Any) -> Any:
     """``x.redistribute(mesh, dst)``; a Partial target the source does not have is internal
     in the public API (as torch's), so it runs through the same executor path directly."""
@@ -434,6 +433,7 @@ def _hs_move(x: Any, dst: Any) -> Any:
     plat = spec.mesh.platform
     tgt = spec.with_placements(dst)
     return plat.wrap(redistribute_local(plat, plat.local_of(x), spec, tgt), tgt)
+
 
 class Case:
     """One (pair, shape) on this rank: the inputs of both libraries and their callables."""
@@ -460,7 +460,9 @@ class Case:
             self.tleaf = self.local.clone().requires_grad_()
             self.gy: dict[str, torch.Tensor] = {}
         else:
-            self.hx = hs.DTensor.from_local(self.local, hmesh, self.hsrc, shape=shape, stride=self.stride)
+            self.hx = hs.DTensor.from_local(
+                self.local, hmesh, self.hsrc, shape=shape, stride=self.stride
+            )
             self.tx = TDTensor.from_local(
                 self.local, tmesh, self.tsrc, run_check=False, shape=self.tshape, stride=self.stride
             )

@@ -21,7 +21,7 @@ from .mesh import DeviceMesh, as_mesh
 from .placement import Partial, Placement, Replicate, Shard, grad_placement, normalize_placements
 from .redistribute.executor import execute_plan
 from .redistribute.planner import plan_redistribute
-from .spec import DTensorSpec, TensorMeta, chunk_sizes, contiguous_stride
+from .spec import DTensorSpec
 
 if TYPE_CHECKING:
     from .platform.base import Platform

@@ -59,9 +59,7 @@ class _EmptyOutputs:
 
     __slots__ = ("plat", "device", "outs")
 
-    def __init__(
-        self, plat: Any, device: str, outs: list[tuple[int, Any] | None]
-    ) -> None:
+    def __init__(self, plat: Any, device: str, outs: list[tuple[int, Any] | None]) -> None:
         self.plat, self.device, self.outs = plat, device, outs
 
     def _one(self, ndim: int, dtype: Any) -> Any:

@@ -52,7 +52,10 @@ class _Custom(torch.autograd.Function):
         ctx.bwd = bwd
         out = fwd(x)
         if out is x:
-            out = x.view_as(x)
+            # an alias autograd does not track as a view of x: a view returned by a custom
+            # Function may not be modified in place, and DTensors made by from_local must
+            # take fill_/zero_/init.* like PyTorch's (whose local tensor is such an alias)
+            out = torch.ops.aten._unsafe_view(x, x.shape)
         return out
 
     @staticmethod
@@ -114,7 +117,9 @@ class TorchPlatform(Platform):
                 groups.append(None)
                 continue
             groups.append(TorchGroup(mesh.get_group(d), members))
-        out = DeviceMesh(mesh.device_type, ranks, mesh_dim_names=names, platform=self, _groups=groups)
+        out = DeviceMesh(
+            mesh.device_type, ranks, mesh_dim_names=names, platform=self, _groups=groups
+        )
         _CONVERTED[mesh] = out
         return out
 

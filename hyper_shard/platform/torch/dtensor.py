@@ -14,6 +14,7 @@ A small table of *protocol* functions (metadata, ``grad``, ``backward``, ``detac
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +42,12 @@ class TorchDTensor(DTensor, torch.Tensor):  # type: ignore[misc]
 
 
 def wrap(local: torch.Tensor, spec: DTensorSpec) -> TorchDTensor:
-    """Wrap a plain local tensor as a DTensor alias (autograd history kept)."""
+    """Wrap a plain local tensor as a DTensor alias (autograd history kept). A DTensor leaf
+    (a factory's ``requires_grad=True`` result, made by ``make_leaf``) is the result itself:
+    an alias of a leaf would not be a leaf, and its ``.grad`` would stay empty."""
+    if type(local) is TorchDTensor:
+        local._spec = spec
+        return local
     out = local.as_subclass(TorchDTensor)
     out._spec = spec
     return out
@@ -99,7 +105,41 @@ def _size(args: Any, kwargs: dict) -> Any:
 
 @_on(T.dim, T.ndimension, T.ndim.__get__)
 def _dim(args: Any, kwargs: dict) -> int:
-    return len(args[0]._spec.shape)
+    spec = args[0]._spec
+    if not spec.is_replicated() and sys._getframe(2).f_code is _vmap_inputs_code():
+        _refuse_vmap(spec)
+    return len(spec.shape)
+
+
+_VMAP_CODE: list[Any] = []
+
+
+def _vmap_inputs_code() -> Any:
+    """The code object of functorch's ``_process_batched_inputs`` (which asks every
+    vmapped input for its ``dim()``), or None."""
+    if not _VMAP_CODE:
+        try:
+            from torch._functorch.vmap import _process_batched_inputs
+
+            _VMAP_CODE.append(_process_batched_inputs.__code__)
+        except (ImportError, AttributeError):  # another torch: no detection
+            _VMAP_CODE.append(None)
+    return _VMAP_CODE[0]
+
+
+def _refuse_vmap(spec: DTensorSpec) -> None:
+    """``torch.func.vmap`` over a sharded (or Partial) DTensor would run on this rank's
+    local shard only: functorch transforms act below ``__torch_function__``, where a
+    hyper_shard DTensor is its local tensor. Refused with the alternatives, rather than
+    returning a plain per-rank result silently."""
+    pl = ", ".join(str(p) for p in spec.placements)
+    raise NotImplementedError(
+        f"torch.func.vmap over a DTensor{list(spec.shape)}[{pl}]: functorch transforms run "
+        f"below hyper_shard's __torch_function__ hook and would see only this rank's local "
+        f"shard. vmap a Replicate DTensor (redistribute to Replicate(): the result is the "
+        f"plain tensor of the whole batch), or vmap the local shard when the function acts "
+        f"per element of an unsharded batch dim: torch.func.vmap(f)(x.to_local())"
+    )
 
 
 @_on(T.numel, T.nelement)
@@ -266,6 +306,21 @@ def _data_set(args: Any, kwargs: dict) -> None:
         value = value.redistribute(self._spec.mesh, self._spec.placements)
     with DisableTorchFunctionSubclass():
         T.data.__set__(self, _local(value).detach())
+    self._spec = value._spec  # the new data may have another dtype (module.to(bfloat16))
+
+
+@_on(torch._has_compatible_shallow_copy_type)
+def _compatible_shallow_copy(args: Any, kwargs: dict) -> bool:
+    """``nn.Module._apply`` (``.to(dtype)``, ``.to_empty``) asks whether ``param.data =
+    new`` may swap storage: two DTensors may when their global shapes and meshes match
+    (``_data_set`` keeps the placements); a DTensor and a plain tensor may not."""
+    a, b = args[0], args[1]
+    if isinstance(a, DTensor) != isinstance(b, DTensor):
+        return False
+    if isinstance(a, DTensor) and (a._spec.mesh != b._spec.mesh or a._spec.shape != b._spec.shape):
+        return False
+    with DisableTorchFunctionSubclass():
+        return bool(torch._has_compatible_shallow_copy_type(a, b))
 
 
 @_on(T.detach)
