@@ -125,10 +125,20 @@ def infer_global_stride(
     return global_stride(shape, local_shape, lstride)
 
 
-def _stride_order(shape: Sequence[int], stride: Sequence[int]) -> tuple[int, ...]:
-    """Dims from outermost to innermost in memory (size-1 dims left out: any stride)."""
-    dims = [d for d in range(len(shape)) if shape[d] != 1]
-    return tuple(sorted(dims, key=lambda d: (-stride[d], d)))
+def _layouts_differ(metas: Sequence[tuple]) -> bool:
+    """Whether the ranks' local tensors ``(dtype, requires_grad, shape, stride)`` lay their
+    dims out in different orders, over the dims of more than one element on every rank (a
+    dim of size 0 or 1 may have any stride; uneven shards have different strides)."""
+    shapes = [m[2] for m in metas]
+    n = len(shapes[0])
+    if any(len(s) != n for s in shapes):
+        return True
+    dims = [d for d in range(n) if all(s[d] > 1 for s in shapes)]
+    orders = set()
+    for m in metas:
+        st = m[3]
+        orders.add(tuple(sorted(dims, key=lambda d: (-st[d], d))))  # noqa: B023
+    return len(orders) > 1
 
 
 def _any_rank(plat: Platform, mesh: DeviceMesh, flag: bool) -> bool:
@@ -157,15 +167,19 @@ def check_metadata_collectively(
     meta = (
         str(plat.tensor_meta(local).dtype),
         plat.requires_grad(local),
-        _stride_order(lshape, local_stride(plat, local)),
+        tuple(lshape),
+        local_stride(plat, local),
     )
     problems: list[str] = []
     for m in range(mesh.ndim):
         metas = plat.all_gather_object(meta, mesh._group(m), mesh.shape[m])
-        for i, what in enumerate(("dtype", "requires_grad", "stride (memory layout)")):
+        for i, what in enumerate(("dtype", "requires_grad")):
             vals = sorted({str(x[i]) for x in metas})
             if len(vals) > 1 and what not in " ".join(problems):
                 problems.append(f"{what} ({', '.join(vals)} on mesh dim {m})")
+        if _layouts_differ(metas) and "stride" not in " ".join(problems):
+            strides = ", ".join(str(x[3]) for x in metas)
+            problems.append(f"stride (memory layout: {strides} on mesh dim {m})")
     if shape is not None:
         spec = DTensorSpec(mesh, placements, TensorMeta(shape, contiguous_stride(shape), None))
         if tuple(lshape) != spec.local_shape():

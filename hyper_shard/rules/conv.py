@@ -208,4 +208,54 @@ class ConvOp(DistributedOp):
                     f"neighbouring rows (not implemented); shard the batch or channel dim "
                     f"instead, or redistribute that dim to Replicate() first"
                 )
-        return super().infer_layout(call)
+        layout = super().infer_layout(call)
+        return _empty_shard_impl(call, layout, "bias" in call.arg_roles)
+
+
+def _local_shapes(call: OpCall, layout: Layout) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
+    """This rank's local shapes of the (redistributed) inputs and of the output."""
+    from ..spec import DTensorSpec, TensorMeta, contiguous_stride
+
+    ins = [
+        s.local_shape() if t is None else s.with_placements(t).local_shape()
+        for s, t in zip(call.specs, layout.inputs)
+    ]
+    shape = layout.shapes[0]
+    assert shape is not None and layout.outputs[0] is not None
+    meta = TensorMeta(tuple(shape), contiguous_stride(shape), None)
+    return ins, DTensorSpec(call.mesh, layout.outputs[0], meta).local_shape()
+
+
+def _empty_shard_impl(call: OpCall, layout: Layout, has_bias: bool) -> Layout:
+    """On a rank whose shard of an input or of the output is empty (a channel dim smaller
+    than the mesh), torch's kernels return the wrong shape or raise: the local result is
+    then the output's local zeros (plus the local bias on the channel dim), connected to the
+    inputs for autograd (a zero gradient)."""
+    if call.mesh.get_coordinate() is None:
+        return layout
+    ins, out = _local_shapes(call, layout)
+    if all(0 not in s for s in ins) and 0 not in out:
+        return layout
+    layout.impl = _ZerosOut(out, 1 if len(out) == len(ins[0]) and len(out) > 1 else 0, has_bias)
+    return layout
+
+
+class _ZerosOut:
+    """Zeros of the local output shape, plus a broadcast bias; connected to the inputs."""
+
+    __slots__ = ("shape", "cdim", "has_bias")
+
+    def __init__(self, shape: tuple[int, ...], cdim: int, has_bias: bool) -> None:
+        self.shape, self.cdim, self.has_bias = shape, cdim, has_bias
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        tensors = [a for a in (*args, *kwargs.values()) if hasattr(a, "new_zeros")]
+        out = tensors[0].new_zeros(self.shape)
+        for t in tensors:
+            out = out + t.sum() * 0
+        bias = args[2] if len(args) > 2 else kwargs.get("bias")
+        if self.has_bias and bias is not None and 0 not in self.shape:
+            view = [1] * len(self.shape)
+            view[self.cdim] = -1
+            out = out + bias.reshape(view)
+        return out

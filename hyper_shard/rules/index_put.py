@@ -20,8 +20,9 @@ input.shape[k:]``. Per mesh dim:
 
 PyTorch DTensor instead gathers the indexed dims of the target (its output is not sharded
 there, and a scalar value makes it Replicate): the same values, with an all-gather of the
-target that this rule avoids. A boolean index tensor (a mask) has a data-dependent count:
-the target and mask are gathered (``x[mask] = v`` keeps shards: ``rule: index``).
+target that this rule avoids. A boolean index tensor (a mask over its dims) is read as the index
+tensors of its True positions (gathered: every rank needs the global order of the
+positions to pick its values), so the target keeps its shards there too.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class _LocalIndexPut:
     rank's rows are dropped, the rest shifted to local rows, the values selected alike.
     Called like the op it replaces (``index_put``'s or ``__setitem__``'s arguments)."""
 
-    __slots__ = ("func", "binder", "vname", "setitem", "k", "block", "rest", "filters", "scalar")
+    __slots__ = ("func", "binder", "vname", "setitem", "k", "rest", "filters", "scalar")
 
     def __init__(
         self,
@@ -62,13 +63,12 @@ class _LocalIndexPut:
         vname: str,
         setitem: bool,
         k: int,
-        block: tuple[int, ...],
         rest: tuple[int, ...],
         filters: dict[int, tuple[int, int, int]],
         scalar: Any,
     ) -> None:
         self.func, self.binder, self.vname, self.setitem, self.k = func, binder, vname, setitem, k
-        self.block, self.rest, self.filters, self.scalar = block, rest, filters, scalar
+        self.rest, self.filters, self.scalar = rest, filters, scalar
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         b = self.binder
@@ -77,8 +77,14 @@ class _LocalIndexPut:
         # the k leading index tensors (a __setitem__ index may end with whole slices / ...)
         items = list(index)[: self.k] if isinstance(index, (list, tuple)) else [index]
         value = b.get(args, kwargs, self.vname) if self.scalar is None else self.scalar
-        idx = [x.new_tensor(i) if not hasattr(i, "expand") else i for i in items]
-        idx = [i.expand(self.block) for i in idx]
+        idx: list[Any] = []
+        for i in items:  # a boolean mask stands for the index tensors of its True positions
+            if str(i.dtype).endswith(("bool", "uint8")):
+                idx.extend(i.nonzero(as_tuple=True))
+            else:
+                idx.append(i)
+        block = broadcast_shapes(*(tuple(i.shape) for i in idx))
+        idx = [i.expand(block) for i in idx]
         keep = None
         for k, (size, lo, n) in self.filters.items():
             g = idx[k]
@@ -89,7 +95,7 @@ class _LocalIndexPut:
         assert keep is not None
         new_idx = [i[keep] for i in idx]
         if hasattr(value, "expand"):
-            value = value.expand((*self.block, *self.rest))[keep]
+            value = value.expand((*block, *self.rest))[keep]
         if self.setitem:
             x[tuple(new_idx)] = value
             return None
@@ -118,24 +124,24 @@ def index_put_layout(
         ShardingError: values that do not broadcast, a DTensor argument in another role.
     """
     x = call.specs[0]
-    k = len(items)
+    # a boolean mask indexes as many dims as it has, with its (data-dependent) True count
+    k = sum(len(s) if kind == "bool" else 1 for _, s, kind in items)
     if k > x.ndim:
         raise IndexError(f"too many indices for tensor of dimension {x.ndim} (got {k})")
     roles = call.arg_roles
     iv = roles.index(vname) if vname in roles else None
     n_in = len(call.specs)
     mesh = call.mesh
-    if any(kind == "bool" for _, _, kind in items):  # a mask: gather everything
-        return Layout([(R,) * mesh.ndim] * n_in, [] if setitem else [(R,) * mesh.ndim],
-                      [] if setitem else [x.shape])  # fmt: skip
+    masked = any(kind == "bool" for _, _, kind in items)
     try:
-        block = broadcast_shapes(*(s for _, s, _ in items)) if items else ()
+        shapes = [(1,) if kind == "bool" else s for _, s, kind in items]
+        block = broadcast_shapes(*shapes) if items else ()
     except ValueError as e:
         raise ShardingError(f"{call.describe()}: index tensors {e}") from None
     rest = tuple(x.shape[k:])
     res_shape = (*block, *rest)
     vspec = call.specs[iv] if iv is not None else None
-    if vspec is not None:
+    if vspec is not None and not masked:
         try:
             if broadcast_shapes(vspec.shape, res_shape) != res_shape:
                 raise ValueError
@@ -193,9 +199,7 @@ def index_put_layout(
     if not sharded:  # a scalar written into a Partial target: once, on coordinate 0
         layout.overrides = {vname: scalar}
         return layout
-    layout.impl = _LocalIndexPut(
-        call.func, binder, vname, setitem, k, block, local_rest, filters, scalar
-    )
+    layout.impl = _LocalIndexPut(call.func, binder, vname, setitem, k, local_rest, filters, scalar)
     return layout
 
 

@@ -85,6 +85,11 @@ class InterpolateOp(DistributedOp):
         except (TypeError, ValueError) as e:
             raise ShardingError(f"{call.describe()}: {e}") from None
 
+    def infer_layout(self, call: OpCall) -> Any:
+        from .conv import _empty_shard_impl
+
+        return _empty_shard_impl(call, super().infer_layout(call), has_bias=False)
+
     def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
         if len(call.specs) != 1:
             raise ShardingError(f"{call.describe()}: only the input may be a DTensor")

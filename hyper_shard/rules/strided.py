@@ -6,11 +6,13 @@ DTensors (``rule: as_strided``); semantics as torch's on the GLOBAL tensor.
 * on a DTensor no mesh dim shards (``Replicate``/``Partial``), every rank's local tensor is
   the global one (a ``Partial`` value: a selection commutes with the reduction), so the
   call runs locally as is — any size, stride and offset torch accepts;
-* on a sharded DTensor only the identity is defined: ``size`` the global shape, ``stride``
-  its global stride (:meth:`DTensor.stride`), ``storage_offset`` None or the tensor's own
-  — it returns an alias with the same placements, as PyTorch DTensor;
-* anything else raises ``RuntimeError("as_strided not supported with DTensor ...")``, as
-  PyTorch, saying to redistribute to ``Replicate()`` first.
+* on a sharded DTensor the identity (``size`` the global shape, ``stride`` its global
+  stride (:meth:`DTensor.stride`), ``storage_offset`` None or the tensor's own) is an alias
+  with the same placements, as PyTorch DTensor;
+* any other form on a sharded DTensor gathers it into a tensor laid out in memory as the
+  global tensor is (its global stride, from the local shard's layout) and reads that:
+  the single-device result, ``Replicate``. PyTorch DTensor raises ``RuntimeError("as_strided
+  not supported with DTensor")`` there.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from typing import Any
 from .._creation import local_stride
 from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..errors import ShardingError
-from ..placement import Shard
+from ..placement import Replicate, Shard
 from ..spec import global_stride
 from . import register_rule
 
 __all__ = ["AsStridedOp"]
+
+R = Replicate()
 
 
 class _Identity:
@@ -49,13 +53,36 @@ class _Identity:
         return self.func(x, tuple(lshape), tuple(lstride), x.storage_offset())
 
 
+class _GatheredAsStrided:
+    """``as_strided`` of a sharded DTensor read on the whole tensor: the local shard is
+    gathered (autograd-aware), laid out with the global stride its own layout implies, and
+    the view taken there."""
+
+    __slots__ = ("func", "plat", "spec", "size", "stride", "offset")
+
+    def __init__(self, func: Any, plat: Any, spec: Any, size: tuple, stride: tuple, offset: Any):
+        self.func, self.plat, self.spec = func, plat, spec
+        self.size, self.stride, self.offset = size, stride, offset
+
+    def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        from ..dtensor import redistribute_local
+
+        plat, spec = self.plat, self.spec
+        gst = global_stride(spec.shape, plat.shape(x), local_stride(plat, x))
+        full = redistribute_local(plat, x, spec, spec.with_placements((R,) * spec.mesh.ndim))
+        if tuple(local_stride(plat, full)) != gst:
+            dense = full.new_empty_strided(tuple(spec.shape), gst)
+            full = dense.copy_(full)
+        return self.func(full, self.size, self.stride, self.offset)
+
+
 @register_rule("as_strided")
 class AsStridedOp(DistributedOp):
     """``as_strided`` (see the module docstring).
 
     Raises:
-        ShardingError: a non-identity ``as_strided`` of a sharded DTensor (a
-            ``RuntimeError``, with PyTorch's message).
+        ShardingError: (at run time) an identity decision met by a shard of another layout
+            (PyTorch's message: redistribute to Replicate() first).
     """
 
     signature = ("input", "size", "stride", "storage_offset")
@@ -68,13 +95,22 @@ class AsStridedOp(DistributedOp):
         offset = call.static.get("storage_offset")
         if not any(type(p) is Shard for p in x.placements):
             return Layout([None], [x.placements], [size])
-        if size != tuple(x.shape) or len(stride) != len(size):
-            raise ShardingError(
-                f"{call.describe()}: as_strided not supported with DTensor except as the "
-                f"identity (size {list(x.shape)} and the tensor's stride); redistribute to "
-                f"Replicate() first"
+        plat = call.platform
+        local = plat.local_of(call.args[0]) if call.args else None
+        ident = size == tuple(x.shape) and len(stride) == len(size)
+        if ident and local is not None:
+            lst = local_stride(plat, local)
+            ident = global_stride(x.shape, plat.shape(local), lst) == stride and offset in (
+                None,
+                getattr(local, "storage_offset", lambda: None)(),
             )
-        layout = Layout([None], [x.placements], [size])
+        if ident:
+            layout = Layout([None], [x.placements], [size])
+            if call.mesh.get_coordinate() is not None:
+                layout.impl = _Identity(call.func, plat, size, stride, offset, call.describe())
+            return layout
+        rep = (R,) * call.mesh.ndim
+        layout = Layout([None], [rep], [size])
         if call.mesh.get_coordinate() is not None:
-            layout.impl = _Identity(call.func, call.platform, size, stride, offset, call.describe())
+            layout.impl = _GatheredAsStrided(call.func, plat, x, size, stride, offset)
         return layout

@@ -184,8 +184,13 @@ def check_metadata(rank, world):
     torch.testing.assert_close(
         rep.as_strided((3, 3), (1, 6), 2).full_tensor(), glob.as_strided((3, 3), (1, 6), 2)
     )
-    with pytest.raises(RuntimeError, match="as_strided not supported with DTensor"):
-        s.as_strided((3, 3), (1, 6))
+    # another form on a sharded DTensor reads the gathered global tensor (PyTorch raises),
+    # laid out as the global tensor is, a transposed one included
+    torch.testing.assert_close(s.as_strided((3, 3), (1, 6)).full_tensor(), glob.as_strided((3, 3), (1, 6)))
+    tt = distribute_tensor(glob, mesh, [Shard(0)]).t()  # (6, 4), stride (1, 6)
+    torch.testing.assert_close(
+        tt.as_strided((2, 5), (6, 1), 1).full_tensor(), glob.t().as_strided((2, 5), (6, 1), 1)
+    )
     return True
 
 

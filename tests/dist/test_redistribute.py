@@ -212,7 +212,8 @@ def check_round_trip(rank, world, mesh_shape):
                         empty_shape[p.dim] = 0
                         chunks.append(local.new_zeros(empty_shape))
                     local = chunks[coord[m]]
-            for kwargs in ({}, {"shape": shape}, {"run_check": True}):
+            st = contiguous_stride(shape)
+            for kwargs in ({}, {"shape": shape, "stride": st}, {"run_check": True}):
                 dt = DTensor.from_local(local, mesh, pl, **kwargs)
                 assert tuple(dt.shape) == shape, (pl, kwargs, dt.shape)
                 torch.testing.assert_close(dt.full_tensor(), glob)
