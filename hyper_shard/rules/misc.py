@@ -135,7 +135,9 @@ class _LeafFactory:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         out = self.func(*args, **{**kwargs, "requires_grad": False})
-        return self.plat.make_leaf(out, self.spec, True)
+        leaf = self.plat.make_leaf(out, self.spec, True)
+        leaf.__dict__["_hs_fresh_leaf"] = True  # the platform's wrap keeps this very leaf
+        return leaf
 
 
 def _leaf_if_requested(call: OpCall, layout: Layout) -> Layout:

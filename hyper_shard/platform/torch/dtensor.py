@@ -43,9 +43,9 @@ class TorchDTensor(DTensor, torch.Tensor):  # type: ignore[misc]
 
 def wrap(local: torch.Tensor, spec: DTensorSpec) -> TorchDTensor:
     """Wrap a plain local tensor as a DTensor alias (autograd history kept). A DTensor leaf
-    (a factory's ``requires_grad=True`` result, made by ``make_leaf``) is the result itself:
-    an alias of a leaf would not be a leaf, and its ``.grad`` would stay empty."""
-    if type(local) is TorchDTensor:
+    marked ``_hs_fresh_leaf`` (a factory's ``requires_grad=True`` result) is the result
+    itself: an alias of a leaf would not be a leaf, and its ``.grad`` would stay empty."""
+    if type(local) is TorchDTensor and local.__dict__.pop("_hs_fresh_leaf", False):
         local._spec = spec
         return local
     out = local.as_subclass(TorchDTensor)
