@@ -60,7 +60,8 @@ def global_stride(
     global_shape: Sequence[int], local_shape: Sequence[int], local_stride: Sequence[int]
 ) -> tuple[int, ...]:
     """The stride of the global tensor laid out in memory like the local shard: the dims
-    ordered by the local strides (outermost first; ties keep dim order), each global stride
+    ordered by the local strides (outermost first; on a tie a size-1 dim goes inside, else
+    dim order), each global stride
     the product of the global sizes inside it; a broadcast dim (local stride 0 over more
     than one element) keeps stride 0. This is what PyTorch DTensor reports as ``stride()``
     (``from_local`` of a sharded tensor, ``transpose``/``permute`` results, ``contiguous()``
@@ -77,7 +78,10 @@ def global_stride(
     out = [0] * n
     dense = [d for d in range(n) if not (local_stride[d] == 0 and local_shape[d] > 1)]
     acc = 1
-    for d in sorted(dense, key=lambda d: (-local_stride[d], d), reverse=True):
+    # ties (a size-1 dim shares its stride with a neighbour) put the size-1 dim inside, as
+    # torch's own permutes of a contiguous tensor leave it
+    key = lambda d: (-local_stride[d], local_shape[d] == 1, d)  # noqa: E731
+    for d in sorted(dense, key=key, reverse=True):
         out[d] = acc
         acc *= max(int(global_shape[d]), 1)
     return tuple(out)

@@ -53,7 +53,10 @@ def gathered_loss(kernel: Any, args: tuple, kwargs: dict) -> torch.Tensor:
             stacklevel=4,
         )
     b, specs, plat, cd = kernel.binder, kernel.gather_specs, kernel.plat, kernel.class_dim
-    for role, dim in (("input", cd), ("target", cd), ("weight", 0)):
+    roles = [("input", cd), ("weight", 0)]
+    if kernel.prob_count is not None:  # class probabilities: the target has the class dim
+        roles.append(("target", cd))
+    for role, dim in roles:
         v = b.get(args, kwargs, role)
         if role in specs and v is not None:
             args, kwargs = b.replace(args, kwargs, role, _whole(plat, v, specs[role], dim))
