@@ -268,11 +268,11 @@ class DistributedOp:
             res = search_strategy(
                 call.specs, strategies, self.n_outputs, cm, fixed=fixed, accept=accept
             )
-        except ValueError:
+        except ValueError as e:
             raise ShardingError(
                 f"{call.describe()}: no sharding strategy keeps the in-place target's placements; "
                 f"redistribute it first, or use the out-of-place op"
-            ) from None
+            ) from e
         layout = Layout(
             list(res.inputs), list(res.outputs), self.output_shapes(call), cost=res.cost
         )
