@@ -176,6 +176,7 @@ def _grad_get(args: Any, kwargs: dict) -> Any:
     spec = self._spec
     gspec = spec.with_placements([grad_placement(p) for p in spec.placements])
     out = wrap(g, gspec)
+    out.__dict__["_hs_grad_of"] = g  # `.grad.data = ...` must reach the real gradient
     self.__dict__["_grad_wrapper"] = (g, g._version, out)
     return out
 
@@ -227,8 +228,31 @@ def _data_set(args: Any, kwargs: dict) -> None:
         raise ValueError(f"DTensor.data: {value._spec} does not match {self._spec}")
     if value._spec.placements != self._spec.placements:
         value = value.redistribute(self._spec.mesh, self._spec.placements)
+    new = _local(value).detach()
     with DisableTorchFunctionSubclass():
-        T.data.__set__(self, _local(value).detach())
+        T.data.__set__(self, new)
+        real = self.__dict__.get("_hs_grad_of")
+        if real is not None:  # self is a parameter's .grad view: set the gradient itself
+            T.data.__set__(real, new)
+    self._spec = value._spec  # the new data's dtype (nn.Module.to(dtype) sets .data)
+    self.__dict__.pop("_grad_wrapper", None)
+
+
+@_on(torch._has_compatible_shallow_copy_type)
+def _compatible_shallow_copy(args: Any, kwargs: dict) -> bool:
+    """``torch._has_compatible_shallow_copy_type(a, b)`` (asked by ``nn.Module._apply`` to
+    decide whether ``param.data = new`` may replace a parameter's data in place): a metadata
+    query answered on the local tensors; a DTensor and a plain tensor are never compatible
+    (the parameter would lose its layout)."""
+    a, b = (list(args) + [kwargs.get("input"), kwargs.get("from")])[:2]
+    if isinstance(a, DTensor) != isinstance(b, DTensor):
+        return False
+    with DisableTorchFunctionSubclass():
+        return bool(
+            torch._has_compatible_shallow_copy_type(
+                a.as_subclass(torch.Tensor), b.as_subclass(torch.Tensor)
+            )
+        )
 
 
 @_on(T.detach)
