@@ -114,6 +114,35 @@ def _stride(args: Any, kwargs: dict) -> Any:
     return st if dim is None else st[dim]
 
 
+@_on(torch.numel)
+def _torch_numel(args: Any, kwargs: dict) -> int:
+    return math.prod(args[0]._spec.shape)
+
+
+@_on(T.is_same_size, torch.is_same_size)
+def _is_same_size(args: Any, kwargs: dict) -> bool:
+    a, b = args[0], args[1] if len(args) > 1 else kwargs["other"]
+    sa = a._spec.shape if isinstance(a, DTensor) else tuple(a.shape)
+    sb = b._spec.shape if isinstance(b, DTensor) else tuple(b.shape)
+    return tuple(sa) == tuple(sb)
+
+
+@_on(T.type)
+def _type(args: Any, kwargs: dict) -> Any:
+    """``x.type()``: the type name (a metadata query); ``x.type(dtype)``: a conversion,
+    dispatched as ``x.to(dtype)``."""
+    self = args[0]
+    dtype = args[1] if len(args) > 1 else kwargs.get("dtype")
+    if dtype is None:
+        with DisableTorchFunctionSubclass():
+            return T.type(self)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.rsplit(".", 1)[-1]).dtype
+    elif isinstance(dtype, type) and hasattr(dtype, "dtype"):
+        dtype = dtype.dtype
+    return self.to(dtype, non_blocking=bool(kwargs.get("non_blocking", False)))
+
+
 @_on(T.__len__)
 def _len(args: Any, kwargs: dict) -> int:
     shape = args[0]._spec.shape
@@ -152,6 +181,8 @@ def _passthrough(func: Any) -> Callable:
     return h
 
 
+for _f in (torch.is_inference, torch.is_conj, torch.is_neg, torch.is_signed):
+    PROTOCOL_HANDLERS[_f] = _passthrough(_f)  # metadata of the local tensor = of the DTensor
 for _n in _PASSTHROUGH_GET:
     if hasattr(T, _n):
         PROTOCOL_HANDLERS[getattr(T, _n).__get__] = _passthrough(getattr(T, _n).__get__)
