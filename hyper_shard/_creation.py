@@ -196,6 +196,11 @@ def check_metadata_collectively(
         )
 
 
+def has_replicate_to_broadcast(mesh: DeviceMesh, placements: Sequence[Placement]) -> bool:
+    """Whether ``from_local(run_check=True)`` has replicas to make equal."""
+    return any(type(p) is Replicate and mesh.shape[m] > 1 for m, p in enumerate(placements))
+
+
 def broadcast_replicated(
     plat: Platform, mesh: DeviceMesh, placements: Sequence[Placement], local: Any
 ) -> Any:

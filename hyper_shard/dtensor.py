@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .mesh import DeviceMesh, as_mesh
 from .placement import Partial, Placement, Replicate, Shard, grad_placement, normalize_placements
-from .redistribute.executor import execute_plan
+from .redistribute.executor import execute_plan, redistribute_with_plan
 from .redistribute.planner import plan_redistribute
 from .spec import DTensorSpec
 
@@ -163,13 +163,22 @@ class DTensor:
         def bwd(g: Any) -> Any:
             return _from_local_backward(plat, g, spec, gp)
 
-        def fwd(x: Any) -> Any:
-            return C.broadcast_replicated(plat, device_mesh, placements, x) if run_check else x
+        # run_check: replicas are made equal (a broadcast, so the result is new data);
+        # otherwise an alias of local_tensor (no copy) that may be modified in place, as in
+        # PyTorch: the DTensor shares local_tensor's data, not its autograd history
+        if run_check and C.has_replicate_to_broadcast(device_mesh, placements):
 
-        if plat.requires_grad(local_tensor):
-            local = plat.custom_autograd(fwd, bwd, local_tensor)
+            def fwd(x: Any) -> Any:
+                return C.broadcast_replicated(plat, device_mesh, placements, x)
+
+            if plat.requires_grad(local_tensor):
+                local = plat.custom_autograd(fwd, bwd, local_tensor)
+            else:
+                local = fwd(local_tensor)
+        elif plat.requires_grad(local_tensor):
+            local = plat.alias_autograd(bwd, local_tensor)
         else:
-            local = fwd(local_tensor)
+            local = local_tensor
         return plat.wrap(local, spec)
 
     # ------------------------------------------------------------------ conversion
@@ -267,6 +276,11 @@ class DTensor:
             backward_dtype: as PyTorch DTensor: the gradient is cast to this dtype for the
                 backward collectives, then back to the gradient's own dtype.
 
+        Returns:
+            A new DTensor (global shape unchanged) that shares no memory with this one
+            (modifying it in place never changes ``self``), or ``self`` when the placements
+            are already ``placements``.
+
         Raises:
             RuntimeError: no ``placements`` (and no ``forward_dtype``), or a ``Partial``
                 target the DTensor does not already have ("Can not redistribute", as
@@ -309,13 +323,16 @@ class DTensor:
             return self if spec is self._spec else plat.wrap(local, spec)
         if spec.mesh.get_coordinate() is None:
             return plat.wrap(local, dst)  # outside the mesh: nothing to move
+        src_local = local
         if backward_dtype is None:
             local = redistribute_local(plat, local, spec, dst)
         else:
-            from .dispatch.dispatcher import redistribute_with_plan
-
             plan = plan_redistribute(spec, dst.placements)
             local = redistribute_with_plan(plat, local, spec, plan, backward_dtype)
+        if plat.shares_storage(local, src_local):
+            # a local-only plan (R -> S keeps a chunk) gives a view of the source: the
+            # result is a tensor of its own, so an in-place op on it never reaches self
+            local = plat.clone(local)
         return plat.wrap(local, dst)
 
     def __repr__(self) -> str:  # framework classes override through their hooks
@@ -335,8 +352,6 @@ def _format(dt: Any) -> str:
 # ---------------------------------------------------------------------- helpers
 def redistribute_local(plat: Platform, local: Any, src: DTensorSpec, dst: DTensorSpec) -> Any:
     """Redistribute a local shard from ``src`` to ``dst`` placements (autograd-aware)."""
-    from .dispatch.dispatcher import redistribute_with_plan
-
     plan = plan_redistribute(src, dst.placements)
     if not plan.steps:
         return local

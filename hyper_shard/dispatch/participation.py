@@ -28,22 +28,19 @@ def outside_mesh_layout(call: OpCall, layout: Layout) -> Layout:
         list(layout.outputs),
         list(layout.shapes),
         cost=0.0,
-        out_dtypes=layout.out_dtypes,
     )
     if call.inplace:
         moved.impl = _nothing
         return moved
     if all(o is None for o in layout.outputs):
         return moved  # a plain result (a query, equal): the local op on the empty shards
-    dtypes = list(layout.out_dtypes or [])
     first = call.specs[0].dtype if call.specs else None
     moved.impl = _EmptyOutputs(
         call.platform,
         call.mesh.device_type,
-        [
-            None if o is None else (len(s or ()), dtypes[i] if i < len(dtypes) else first)
-            for i, (o, s) in enumerate(zip(layout.outputs, layout.shapes))
-        ],
+        call.func,
+        first,
+        [None if o is None else len(s or ()) for o, s in zip(layout.outputs, layout.shapes)],
     )
     return moved
 
@@ -54,13 +51,24 @@ def _nothing(*args: Any, **kwargs: Any) -> None:
 
 class _EmptyOutputs:
     """The local result of an op on a rank outside the mesh: one empty tensor per tensor
-    output (a 0-d zero for a 0-d one), of the output's dtype (the first input's dtype when
-    the rule does not declare it)."""
+    output (a 0-d zero for a 0-d one). Its dtype is the one the op gives on the rank's empty
+    local tensors (``x > 0`` is bool); the first input's dtype when the op cannot run on
+    empty tensors (a matmul's shapes no longer agree)."""
 
-    __slots__ = ("plat", "device", "outs")
+    __slots__ = ("plat", "device", "func", "first", "outs")
 
-    def __init__(self, plat: Any, device: str, outs: list[tuple[int, Any] | None]) -> None:
-        self.plat, self.device, self.outs = plat, device, outs
+    def __init__(
+        self, plat: Any, device: str, func: Any, first: Any, outs: list[int | None]
+    ) -> None:
+        self.plat, self.device, self.func, self.first, self.outs = plat, device, func, first, outs
+
+    def _dtypes(self, args: Any, kwargs: Any) -> list[Any]:
+        try:
+            res = self.func(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - shapes of empty shards: any error means "unknown"
+            return []
+        res = list(res) if isinstance(res, (tuple, list)) else [res]
+        return [getattr(r, "dtype", None) for r in res]
 
     def _one(self, ndim: int, dtype: Any) -> Any:
         if ndim == 0:
@@ -68,5 +76,11 @@ class _EmptyOutputs:
         return self.plat.new_tensor("empty", (0,), None, dtype, self.device)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        made = [None if o is None else self._one(*o) for o in self.outs]
+        dtypes = self._dtypes(args, kwargs) if self.func is not None else []
+        made = [
+            None
+            if n is None
+            else self._one(n, (dtypes[i] if i < len(dtypes) else None) or self.first)
+            for i, n in enumerate(self.outs)
+        ]
         return made[0] if len(made) == 1 else tuple(made)

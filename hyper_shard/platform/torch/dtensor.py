@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from ...dtensor import DTensor, local_derivative, redistribute_local
+from ...dtensor import DTensor, local_derivative
 from ...placement import Partial, Replicate, grad_placement
 from ...spec import DTensorSpec, global_stride
 
@@ -165,18 +165,33 @@ def _stride(args: Any, kwargs: dict) -> Any:
     return st if dim is None else st[dim]
 
 
-@_on(T.is_same_size)
+@_on(torch.numel)
+def _torch_numel(args: Any, kwargs: dict) -> int:
+    return math.prod(args[0]._spec.shape)
+
+
+@_on(T.is_same_size, torch.is_same_size)
 def _is_same_size(args: Any, kwargs: dict) -> bool:
-    """Global shapes compared (a plain tensor by its own shape)."""
     a, b = args[0], args[1] if len(args) > 1 else kwargs["other"]
+    sa = a._spec.shape if isinstance(a, DTensor) else tuple(a.shape)
+    sb = b._spec.shape if isinstance(b, DTensor) else tuple(b.shape)
+    return tuple(sa) == tuple(sb)
 
-    def shape(t: Any) -> tuple:
-        if isinstance(t, DTensor):
-            return tuple(t._spec.shape)
+
+@_on(T.type)
+def _type(args: Any, kwargs: dict) -> Any:
+    """``x.type()``: the type name (a metadata query); ``x.type(dtype)``: a conversion,
+    dispatched as ``x.to(dtype)``."""
+    self = args[0]
+    dtype = args[1] if len(args) > 1 else kwargs.get("dtype")
+    if dtype is None:
         with DisableTorchFunctionSubclass():
-            return tuple(t.shape)
-
-    return shape(a) == shape(b)
+            return T.type(self)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.rsplit(".", 1)[-1]).dtype
+    elif isinstance(dtype, type) and hasattr(dtype, "dtype"):
+        dtype = dtype.dtype
+    return self.to(dtype, non_blocking=bool(kwargs.get("non_blocking", False)))
 
 
 @_on(T.contiguous)
@@ -229,6 +244,8 @@ def _passthrough(func: Any) -> Callable:
     return h
 
 
+for _f in (torch.is_inference, torch.is_conj, torch.is_neg, torch.is_signed):
+    PROTOCOL_HANDLERS[_f] = _passthrough(_f)  # metadata of the local tensor = of the DTensor
 for _n in _PASSTHROUGH_GET:
     if hasattr(T, _n):
         PROTOCOL_HANDLERS[getattr(T, _n).__get__] = _passthrough(getattr(T, _n).__get__)
@@ -253,6 +270,7 @@ def _grad_get(args: Any, kwargs: dict) -> Any:
     spec = self._spec
     gspec = spec.with_placements([grad_placement(p) for p in spec.placements])
     out = wrap(g, gspec)
+    out.__dict__["_hs_grad_of"] = g  # `.grad.data = ...` must reach the real gradient
     self.__dict__["_grad_wrapper"] = (g, g._version, out)
     return out
 
@@ -304,23 +322,31 @@ def _data_set(args: Any, kwargs: dict) -> None:
         raise ValueError(f"DTensor.data: {value._spec} does not match {self._spec}")
     if value._spec.placements != self._spec.placements:
         value = value.redistribute(self._spec.mesh, self._spec.placements)
+    new = _local(value).detach()
     with DisableTorchFunctionSubclass():
-        T.data.__set__(self, _local(value).detach())
-    self._spec = value._spec  # the new data may have another dtype (module.to(bfloat16))
+        T.data.__set__(self, new)
+        real = self.__dict__.get("_hs_grad_of")
+        if real is not None:  # self is a parameter's .grad view: set the gradient itself
+            T.data.__set__(real, new)
+    self._spec = value._spec  # the new data's dtype (nn.Module.to(dtype) sets .data)
+    self.__dict__.pop("_grad_wrapper", None)
 
 
 @_on(torch._has_compatible_shallow_copy_type)
 def _compatible_shallow_copy(args: Any, kwargs: dict) -> bool:
-    """``nn.Module._apply`` (``.to(dtype)``, ``.to_empty``) asks whether ``param.data =
-    new`` may swap storage: two DTensors may when their global shapes and meshes match
-    (``_data_set`` keeps the placements); a DTensor and a plain tensor may not."""
-    a, b = args[0], args[1]
+    """``torch._has_compatible_shallow_copy_type(a, b)`` (asked by ``nn.Module._apply`` to
+    decide whether ``param.data = new`` may replace a parameter's data in place): a metadata
+    query answered on the local tensors; a DTensor and a plain tensor are never compatible
+    (the parameter would lose its layout)."""
+    a, b = (list(args) + [kwargs.get("input"), kwargs.get("from")])[:2]
     if isinstance(a, DTensor) != isinstance(b, DTensor):
         return False
-    if isinstance(a, DTensor) and (a._spec.mesh != b._spec.mesh or a._spec.shape != b._spec.shape):
-        return False
     with DisableTorchFunctionSubclass():
-        return bool(torch._has_compatible_shallow_copy_type(a, b))
+        return bool(
+            torch._has_compatible_shallow_copy_type(
+                a.as_subclass(torch.Tensor), b.as_subclass(torch.Tensor)
+            )
+        )
 
 
 @_on(T.detach)
@@ -632,13 +658,6 @@ def _full_then(method: Any) -> Callable:
 
 for _m in (T.item, T.tolist, T.__bool__, T.__float__, T.__int__, T.__index__, T.numpy, T.__array__):
     PROTOCOL_HANDLERS[_m] = _full_then(_m)
-
-
-def redistribute_dtensor(dt: Any, placements: Any) -> Any:
-    """Redistribute ``dt`` (used by the dispatcher)."""
-    spec = dt._spec
-    dst = spec.with_placements(placements)
-    return wrap(redistribute_local(spec.mesh.platform, _local(dt), spec, dst), dst)
 
 
 from . import dispatch as _dm  # noqa: E402  (dispatch imports this module's class)
