@@ -128,7 +128,7 @@ class DeviceMesh:
         _MESH_STACK.set((*_MESH_STACK.get(), self))
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *_exc: object) -> None:
         stack = _MESH_STACK.get()
         # pop this mesh (the innermost entry that is it), tolerating unbalanced exits
         for i in range(len(stack) - 1, -1, -1):
