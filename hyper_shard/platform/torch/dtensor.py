@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from ...dtensor import DTensor, local_derivative
+from ...dtensor import DTensor, local_derivative, redistribute_local
 from ...placement import Partial, Replicate, grad_placement
 from ...spec import DTensorSpec, global_stride
 
@@ -320,15 +320,19 @@ def _data_set(args: Any, kwargs: dict) -> None:
         raise TypeError("DTensor.data must be set to a DTensor with the same spec")
     if value._spec.shape != self._spec.shape or value._spec.mesh != self._spec.mesh:
         raise ValueError(f"DTensor.data: {value._spec} does not match {self._spec}")
-    if value._spec.placements != self._spec.placements:
-        value = value.redistribute(self._spec.mesh, self._spec.placements)
-    new = _local(value).detach()
+    spec, new = value._spec, _local(value).detach()
+    if spec.placements != self._spec.placements:
+        # internal: a Partial target is allowed here (DTensor.redistribute refuses it, as PyTorch)
+        dst = spec.with_placements(self._spec.placements)
+        if spec.mesh.get_coordinate() is not None:
+            new = redistribute_local(spec.mesh.platform, new, spec, dst)
+        spec = dst
     with DisableTorchFunctionSubclass():
         T.data.__set__(self, new)
         real = self.__dict__.get("_hs_grad_of")
         if real is not None:  # self is a parameter's .grad view: set the gradient itself
             T.data.__set__(real, new)
-    self._spec = value._spec  # the new data's dtype (nn.Module.to(dtype) sets .data)
+    self._spec = spec  # the new data's dtype (nn.Module.to(dtype) sets .data)
     self.__dict__.pop("_grad_wrapper", None)
 
 
