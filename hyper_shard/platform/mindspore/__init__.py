@@ -25,7 +25,9 @@ TCPStore + the mccl store init), or, with neither, as a world of one (no communi
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import mindspore as ms
@@ -35,9 +37,11 @@ from mindspore._c_expression import NoFallbackGuard
 from mindspore.communication import GlobalComm
 from mindspore.graph.api import _pynative_executor as _executor
 
+from ...flight import collective, guarded
 from ...redistribute.cost import COLLECTIVES
 from ...spec import TensorMeta, contiguous_stride
 from ..base import GroupRanks, Platform
+from ..timeouts import explicit_timeout, resolve_timeout
 
 __all__ = ["MindSporePlatform", "MSGroup", "CPU_COLLECTIVES", "ms_local"]
 
@@ -71,19 +75,52 @@ def _device_of(device_type: str | None) -> str:
 
 class MSGroup(GroupRanks):
     """A MindSpore communication group (its name) plus the map from mesh coordinate to
-    group rank (MindSpore orders a group's ranks ascending).
+    group rank (MindSpore orders a group's ranks ascending), and the collective timeout
+    (process-wide on MindSpore; None if unknown).
 
     ``name`` is None in a world of one (no communication).
     """
 
-    __slots__ = ("name",)
+    __slots__ = ("name", "timeout")
 
-    def __init__(self, name: str | None, ranks: Sequence[int]) -> None:
+    def __init__(
+        self, name: str | None, ranks: Sequence[int], timeout: timedelta | None = None
+    ) -> None:
         super().__init__(ranks)
         self.name = name
+        self.timeout = timeout
 
     def __repr__(self) -> str:
         return f"MSGroup({self.name!r}, ranks={list(self.ranks)})"
+
+
+#: MindSpore's CPU (mccl) collective timeout, seconds, read when communication starts
+CPU_TIMEOUT_ENV = "MS_CPU_COMM_OP_TIMEOUT"
+_MS_CPU_DEFAULT = timedelta(seconds=30)  # mccl's own default (measured, MindSpore 2.10)
+
+
+def set_collective_timeout(device: str, timeout: timedelta | float | None = None) -> None:
+    """Before MindSpore's communication starts: make its collectives on ``device`` fail
+    after ``timeout`` (:func:`~hyper_shard.platform.timeouts.resolve_timeout`: default
+    ``HYPER_SHARD_TIMEOUT`` or 10 minutes). On CPU (mccl) that is ``MS_CPU_COMM_OP_TIMEOUT``
+    (seconds; a value the user exported wins). Other devices: their own variables
+    (``HCCL_EXEC_TIMEOUT`` on Ascend) are left to the user.
+    """
+    td = resolve_timeout(timeout)
+    if device == "CPU":
+        os.environ.setdefault(CPU_TIMEOUT_ENV, str(max(1, round(td.total_seconds()))))
+
+
+def collective_timeout(device: str) -> timedelta | None:
+    """The collective timeout MindSpore uses on ``device`` (CPU: ``MS_CPU_COMM_OP_TIMEOUT``
+    or mccl's 30 s default), or None when unknown."""
+    if device != "CPU":
+        return None
+    raw = os.environ.get(CPU_TIMEOUT_ENV, "")
+    try:
+        return timedelta(seconds=float(raw)) if raw else _MS_CPU_DEFAULT
+    except ValueError:
+        return _MS_CPU_DEFAULT
 
 
 class _Custom(ms._Function):
@@ -113,6 +150,9 @@ class MindSporePlatform(Platform):
     """
 
     name = "mindspore"
+    #: what mint.distributed raises for a failed collective ("AllReduce failed.": a peer
+    #: that did not answer within MS_CPU_COMM_OP_TIMEOUT, or died)
+    comm_errors: tuple[type[BaseException], ...] = (RuntimeError,)
 
     def __init__(self) -> None:
         self._initialized = False
@@ -139,12 +179,16 @@ class MindSporePlatform(Platform):
         return cm.with_native(self.native_collectives)
 
     # ------------------------------------------------------------ process groups
-    def ensure_initialized(self, device_type: str) -> None:
+    def ensure_initialized(
+        self, device_type: str, timeout: timedelta | float | None = None
+    ) -> None:
         """Join the world: already initialised (``init_process`` or ``init()``), ``msrun``'s
-        environment (``MS_ROLE``: ``mindspore.communication.init()``), or else a world of one.
+        environment (``MS_ROLE``: ``mindspore.communication.init()``, after
+        :func:`set_collective_timeout` with ``timeout``), or else a world of one.
 
         Raises:
-            ValueError: ``device_type`` is not a MindSpore device (CPU/Ascend/GPU).
+            ValueError: ``device_type`` is not a MindSpore device (CPU/Ascend/GPU), or a
+                timeout that is not positive.
         """
         device = _device_of(device_type)
         if device not in _BACKENDS:
@@ -162,6 +206,7 @@ class MindSporePlatform(Platform):
         elif os.environ.get("MS_ROLE") in ("MS_WORKER", "MS_SCHED"):
             from mindspore.communication import init
 
+            set_collective_timeout(device, timeout)
             init()  # msrun's scheduler process runs the script too: init() serves the cluster
             _patch_world_defaults()
             self._world = None
@@ -183,18 +228,32 @@ class MindSporePlatform(Platform):
 
         return int(get_group_size())
 
-    def new_group(self, ranks: Sequence[int]) -> MSGroup:
+    def new_group(self, ranks: Sequence[int], timeout: timedelta | float | None = None) -> MSGroup:
         """A group over ``ranks`` (every rank of the world calls this for every group, in
         the same order: MindSpore's hashed group names make that safe).
+
+        MindSpore has no per-group timeout (``new_group(timeout=)`` is reserved): its
+        collective timeout is process-wide and fixed when communication starts (see
+        :func:`set_collective_timeout`). An explicit ``timeout`` that differs warns.
 
         Raises:
             RuntimeError: MindSpore could not create the group.
         """
         ranks = list(ranks)
+        want = explicit_timeout(timeout)
+        have = collective_timeout(self.device)
+        if want is not None and have is not None and want != have and self._world is None:
+            warnings.warn(
+                f"hyper_shard: MindSpore's collective timeout is process-wide and was fixed "
+                f"at {have} when communication started ({CPU_TIMEOUT_ENV}); the mesh's "
+                f"timeout {want} cannot apply. Export {CPU_TIMEOUT_ENV}="
+                f"{round(want.total_seconds())} (or HYPER_SHARD_TIMEOUT) before starting",
+                stacklevel=3,
+            )
         if self._world is not None:
             return MSGroup(None, ranks)
         if sorted(ranks) == list(range(self.get_world_size())):
-            return MSGroup(GlobalComm.WORLD_COMM_GROUP, ranks)
+            return MSGroup(GlobalComm.WORLD_COMM_GROUP, ranks, have)
         backend = "mccl" if self.device == "CPU" else None
         name = dist.new_group(ranks=sorted(ranks), backend=backend)
         if not name:
@@ -202,7 +261,7 @@ class MindSporePlatform(Platform):
                 f"mindspore.mint.distributed.new_group(ranks={sorted(ranks)}) failed (see the "
                 f"MindSpore log); every rank of the world must build the same DeviceMesh"
             )
-        return MSGroup(name, ranks)
+        return MSGroup(name, ranks, have)
 
     # ------------------------------------------------------------ local primitives
     def shape(self, t: Any) -> tuple[int, ...]:
@@ -295,7 +354,17 @@ class MindSporePlatform(Platform):
         if wire is not None:  # mccl cannot gather this dtype: send it as `wire`
             src = src.astype(wire)
         parts = [self._zeros(shape, src.dtype) for _ in range(n)]
-        dist.all_gather(parts, src, group=group.name)
+        collective(
+            self,
+            "all_gather",
+            group,
+            shape,
+            src.dtype,
+            dist.all_gather,
+            parts,
+            src,
+            group=group.name,
+        )
         if wire is not None:
             parts = [p.astype(dtype) for p in parts]
         return group.to_coord_order(parts)
@@ -313,7 +382,11 @@ class MindSporePlatform(Platform):
             out = self._owned(t) if wire is None else ms_local(t).astype(wire)
             if 0 in _local_shape(out):
                 return out
-            dist.all_reduce(out, op="sum" if op == "avg" else op, group=group.name)
+            rop = "sum" if op == "avg" else op
+            collective(
+                self, "all_reduce", group, _local_shape(out), out.dtype,
+                dist.all_reduce, out, op=rop, group=group.name,
+            )  # fmt: skip
             if wire is not None:
                 out = out.astype(dtype) if dtype != ms.bool_ else out != 0
         if op == "avg":
@@ -353,7 +426,11 @@ class MindSporePlatform(Platform):
         flat = [ms_local(p).contiguous().reshape(-1) for p in group.to_group_order(pieces)]
         inp = mint.cat(flat, 0)
         out = self._zeros((flat[0].shape[0],), pieces[0].dtype)
-        dist.reduce_scatter_tensor(out, inp, op="sum" if op == "avg" else op, group=group.name)
+        rop = "sum" if op == "avg" else op
+        collective(
+            self, "reduce_scatter", group, _local_shape(inp), inp.dtype,
+            dist.reduce_scatter_tensor, out, inp, op=rop, group=group.name,
+        )  # fmt: skip
         out = out.reshape(shape)
         return out / len(group.ranks) if op == "avg" else out
 
@@ -372,7 +449,10 @@ class MindSporePlatform(Platform):
             return list(pieces)
         send = [ms_local(p).contiguous() for p in group.to_group_order(pieces)]
         recv = [self._zeros(_local_shape(p), p.dtype) for p in send]
-        dist.all_to_all(recv, send, group=group.name)
+        collective(
+            self, "all_to_all", group, _local_shape(send[0]), send[0].dtype,
+            dist.all_to_all, recv, send, group=group.name,
+        )  # fmt: skip
         return group.to_coord_order(recv)
 
     def broadcast(self, t: Tensor, src_group_rank: int, group: MSGroup) -> Tensor:
@@ -381,15 +461,35 @@ class MindSporePlatform(Platform):
         dtype = t.dtype
         wire = _GATHER_WIRE.get(dtype) if self.device == "CPU" else None
         out = self._owned(t) if wire is None else ms_local(t).astype(wire)
-        dist.broadcast(out, src=group.ranks[src_group_rank], group=group.name)
+        src = group.ranks[src_group_rank]
+        collective(
+            self, "broadcast", group, _local_shape(out), out.dtype,
+            dist.broadcast, out, src=src, group=group.name,
+        )  # fmt: skip
         return out if wire is None else out.astype(dtype)
 
     def all_gather_object(self, obj: Any, group: MSGroup, n: int) -> list[Any]:
         if n == 1:
             return [obj]
         out: list[Any] = [None] * n
-        dist.all_gather_object(out, obj, group=group.name)
+        collective(
+            self, "all_gather_object", group, None, None,
+            dist.all_gather_object, out, obj, group=group.name,
+        )  # fmt: skip
         return group.to_coord_order(out)
+
+    def all_gather_bytes(self, data: bytes, group: MSGroup, n: int) -> list[bytes]:
+        """Every rank's ``data`` (same length everywhere), in mesh-coordinate order: one
+        all-gather of an int32 buffer, unrecorded (the consistency exchange)."""
+        import numpy as np
+
+        src = Tensor(np.frombuffer(data, dtype=np.int32).copy())
+        parts = [self._zeros(_local_shape(src), src.dtype) for _ in range(n)]
+        guarded(
+            self, "all_gather (consistency check)", group,
+            dist.all_gather, parts, src, group=group.name,
+        )  # fmt: skip
+        return group.to_coord_order([p.asnumpy().tobytes() for p in parts])
 
     # ------------------------------------------------------------ autograd & wrapping
     def custom_autograd(self, fwd: Callable, bwd: Callable, x: Any) -> Tensor:
