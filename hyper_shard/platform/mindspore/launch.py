@@ -90,7 +90,29 @@ def init_process(
         from . import _patch_world_defaults
 
         _patch_world_defaults()
-        barrier()  # rank 0 returns from the init at once: meet before any real work
+        # rank 0 returns from the init at once: meet before any real work, first through
+        # the store (bounded by the rendezvous timeout, however late a rank is), then in a
+        # collective (bounded by the collective timeout, which may be short)
+        _store_barrier(store, "hyper_shard/init_process", world, timeout)
+        barrier()
+
+
+def _store_barrier(store: Any, key: str, world: int, timeout: float) -> None:
+    """Wait until ``world`` ranks have called this with ``key`` (a counter in the store).
+
+    Raises:
+        RuntimeError: not every rank arrived within ``timeout`` seconds.
+    """
+    store.add(key, 1)
+    deadline = time.monotonic() + timeout
+    while store.add(key, 0) < world:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"init_process: only {store.add(key, 0)} of {world} ranks joined within "
+                f"{timeout} s; a rank failed to start (see its log) or the machine is "
+                f"overloaded (raise timeout=)"
+            )
+        time.sleep(0.01)
 
 
 def barrier() -> None:
