@@ -89,7 +89,9 @@ def _recorder_and_consistency(rank: int, world: int) -> None:
         da = distribute_tensor(a, mesh, [Shard(0)]).requires_grad_()
         dw = distribute_tensor(w, mesh, [Shard(1)]).requires_grad_()
         loss = torch.mm(da, dw).sum()
+        clear_recent_ops()
         loss.backward()
+        report("backward", [r.as_dict() for r in recent_ops()])
         got = (loss.full_tensor(), da.grad.full_tensor(), dw.grad.full_tensor())
     pa, pw = a.clone().requires_grad_(), w.clone().requires_grad_()
     ref = torch.mm(pa, pw).sum()
@@ -132,6 +134,11 @@ def test_recent_ops_consistency_mode_and_divergence():
         assert r0["op"] is None
         assert r1["op"] == "torch.softmax(DTensor[8, 4][S(0)])", r1
         assert r1["step"].startswith(f"{r1['collective']} on mesh dim 'tp' (size 2) of "), r1
+        # the backward's collectives name the op whose input move they transpose
+        back = [r for r in v["backward"] if r["step"] is not None]
+        assert back, v["backward"]
+        for r in back:
+            assert r["context"][-1].startswith("backward of torch.mm(DTensor[8, 4][S(0)], "), r
         # (a): every rank raised DivergenceError naming what each rank was doing
         a = v["a"]
         assert a["error"][:2] == ["DivergenceError", "CollectiveError"], a
