@@ -53,8 +53,8 @@ class DeviceMesh:
         timeout: how long a collective on this mesh's process groups waits for its group
             before it raises :class:`~hyper_shard.errors.CollectiveError` (a
             ``datetime.timedelta`` or seconds); default ``HYPER_SHARD_TIMEOUT`` seconds, else
-            10 minutes (docs/troubleshooting.md). Where the backend takes no timeout
-            (MindSpore), it is not enforced.
+            10 minutes (docs/troubleshooting.md). MindSpore has no per-group timeout:
+            there it is process-wide and fixed when communication starts.
 
     The process groups of every mesh dimension are created when the mesh is built (a
     collective call: every rank of the world must build the same mesh).
