@@ -71,6 +71,9 @@ def collective(
     t0 = perf_counter()
     try:
         out = fn(*args, **kwargs)
+    except CollectiveError:  # a nested guarded call already described it
+        rec.status = "failed"
+        raise
     except plat.comm_errors as e:
         rec.status = "failed"
         raise collective_error(plat, name, group, e, frames, rec, perf_counter() - t0) from e
@@ -87,6 +90,8 @@ def guarded(
     t0 = perf_counter()
     try:
         return fn(*args, **kw)
+    except CollectiveError:
+        raise
     except plat.comm_errors as e:
         elapsed = perf_counter() - t0
         raise collective_error(plat, name, group, e, tuple(stack()), None, elapsed) from e

@@ -27,6 +27,8 @@ def _ms_world(rank: int, world: int) -> None:
     (last: it leaves the group broken)."""
     import os
     import time
+    import warnings
+    from datetime import timedelta
 
     import numpy as np
     from mindspore import Tensor, mint
@@ -37,6 +39,11 @@ def _ms_world(rank: int, world: int) -> None:
     mesh = init_device_mesh("CPU", (2,), mesh_dim_names=("tp",), platform="mindspore")
     report("group_timeout", str(mesh._group(0).timeout))
     report("env", os.environ.get("MS_CPU_COMM_OP_TIMEOUT"))
+    with warnings.catch_warnings(record=True) as seen:  # process-wide: fixed at the start
+        warnings.simplefilter("always")
+        init_device_mesh("CPU", (2,), platform="mindspore", timeout=timedelta(seconds=4))
+        init_device_mesh("CPU", (2,), platform="mindspore", timeout=timedelta(seconds=9))
+    report("late_timeout", [str(w.message) for w in seen])
     full = np.arange(32.0, dtype=np.float32).reshape(8, 4)
     x = distribute_tensor(Tensor(full), mesh, [Shard(0)])
 
@@ -75,6 +82,9 @@ def test_ms_stall_recent_ops_and_consistency_mode():
         v = o.reports
         assert v["env"] == "4" and v["group_timeout"] == "0:00:04", v
         assert v["values_ok"] and v["after"], v
+        (late,) = v["late_timeout"]  # the equal timeout is silent, the other one warns
+        assert "process-wide" in late and "0:00:04" in late and "0:00:09" in late, late
+        assert "MS_CPU_COMM_OP_TIMEOUT=9" in late, late
         rec = v["recent"]
         assert len(rec) == 2 and rec[0]["collective"] == "all_gather", rec
         assert (

@@ -146,6 +146,25 @@ def test_backend_errors_become_collective_error_from_the_cause():
         collective(_Plat(), "all_reduce", _Group([0, 1]), (1,), "f", lambda: {}["x"])
 
 
+def test_a_nested_collective_error_is_not_wrapped_again():
+    """A guarded call inside a guarded call (a platform collective built on another):
+    the inner CollectiveError reaches the caller as it is (CollectiveError is a
+    RuntimeError, one of the fake backend's comm_errors)."""
+
+    def inner():
+        raise RuntimeError("Timed out waiting 3000ms for recv operation")
+
+    def outer():
+        collective(_Plat(), "all_gather", _Group([0, 1]), (4,), "float32", inner)
+
+    with pytest.raises(CollectiveError) as ei:
+        collective(_Plat(), "all_to_all", _Group([0, 1]), (4,), "float32", outer)
+    e = ei.value
+    assert e.collective == "all_gather" and isinstance(e.__cause__, RuntimeError)
+    assert not isinstance(e.__cause__, CollectiveError)
+    assert [r.status for r in recent_ops()] == ["failed", "failed"]
+
+
 @pytest.mark.parametrize(
     "msg, reason",
     [

@@ -25,7 +25,6 @@ TCPStore + the mccl store init), or, with neither, as a world of one (no communi
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -41,7 +40,7 @@ from ...flight import collective, guarded
 from ...redistribute.cost import COLLECTIVES
 from ...spec import TensorMeta, contiguous_stride
 from ..base import GroupRanks, Platform
-from ..timeouts import explicit_timeout, resolve_timeout
+from .timeouts import check_group_timeout, collective_timeout, set_collective_timeout
 
 __all__ = ["MindSporePlatform", "MSGroup", "CPU_COLLECTIVES", "ms_local"]
 
@@ -92,35 +91,6 @@ class MSGroup(GroupRanks):
 
     def __repr__(self) -> str:
         return f"MSGroup({self.name!r}, ranks={list(self.ranks)})"
-
-
-#: MindSpore's CPU (mccl) collective timeout, seconds, read when communication starts
-CPU_TIMEOUT_ENV = "MS_CPU_COMM_OP_TIMEOUT"
-_MS_CPU_DEFAULT = timedelta(seconds=30)  # mccl's own default (measured, MindSpore 2.10)
-
-
-def set_collective_timeout(device: str, timeout: timedelta | float | None = None) -> None:
-    """Before MindSpore's communication starts: make its collectives on ``device`` fail
-    after ``timeout`` (:func:`~hyper_shard.platform.timeouts.resolve_timeout`: default
-    ``HYPER_SHARD_TIMEOUT`` or 10 minutes). On CPU (mccl) that is ``MS_CPU_COMM_OP_TIMEOUT``
-    (seconds; a value the user exported wins). Other devices: their own variables
-    (``HCCL_EXEC_TIMEOUT`` on Ascend) are left to the user.
-    """
-    td = resolve_timeout(timeout)
-    if device == "CPU":
-        os.environ.setdefault(CPU_TIMEOUT_ENV, str(max(1, round(td.total_seconds()))))
-
-
-def collective_timeout(device: str) -> timedelta | None:
-    """The collective timeout MindSpore uses on ``device`` (CPU: ``MS_CPU_COMM_OP_TIMEOUT``
-    or mccl's 30 s default), or None when unknown."""
-    if device != "CPU":
-        return None
-    raw = os.environ.get(CPU_TIMEOUT_ENV, "")
-    try:
-        return timedelta(seconds=float(raw)) if raw else _MS_CPU_DEFAULT
-    except ValueError:
-        return _MS_CPU_DEFAULT
 
 
 class _Custom(ms._Function):
@@ -240,16 +210,8 @@ class MindSporePlatform(Platform):
             RuntimeError: MindSpore could not create the group.
         """
         ranks = list(ranks)
-        want = explicit_timeout(timeout)
         have = collective_timeout(self.device)
-        if want is not None and have is not None and want != have and self._world is None:
-            warnings.warn(
-                f"hyper_shard: MindSpore's collective timeout is process-wide and was fixed "
-                f"at {have} when communication started ({CPU_TIMEOUT_ENV}); the mesh's "
-                f"timeout {want} cannot apply. Export {CPU_TIMEOUT_ENV}="
-                f"{round(want.total_seconds())} (or HYPER_SHARD_TIMEOUT) before starting",
-                stacklevel=3,
-            )
+        check_group_timeout(timeout, have if self._world is None else None)
         if self._world is not None:
             return MSGroup(None, ranks)
         if sorted(ranks) == list(range(self.get_world_size())):
@@ -355,16 +317,8 @@ class MindSporePlatform(Platform):
             src = src.astype(wire)
         parts = [self._zeros(shape, src.dtype) for _ in range(n)]
         collective(
-            self,
-            "all_gather",
-            group,
-            shape,
-            src.dtype,
-            dist.all_gather,
-            parts,
-            src,
-            group=group.name,
-        )
+            self, "all_gather", group, shape, src.dtype, dist.all_gather, parts, src, group=group.name,
+        )  # fmt: skip
         if wire is not None:
             parts = [p.astype(dtype) for p in parts]
         return group.to_coord_order(parts)

@@ -83,7 +83,7 @@ def init_process(
         td = timedelta(seconds=timeout)
         store = TCPStore("127.0.0.1", port, world_size=world, is_master=rank == 0, timeout=td)
         _STORE.append(store)
-        from . import set_collective_timeout
+        from .timeouts import set_collective_timeout
 
         set_collective_timeout(device, collective_timeout)
         _init_with_store(backend="mccl", timeout=td, world_size=world, rank=rank, store=store)
