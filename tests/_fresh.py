@@ -110,6 +110,78 @@ def run_fresh(
     the short timeouts they test. Every rank still running ``deadline`` seconds after the
     start is killed and reported ``"hung"``. Returns the outcomes in rank order.
     """
+    return start_fresh(
+        fn,
+        *args,
+        world=world,
+        framework=framework,
+        deadline=deadline,
+        env=env,
+        init_timeout=init_timeout,
+    ).collect()
+
+
+class Fresh:
+    """A started fresh world (:func:`start_fresh`); :meth:`collect` waits for its end."""
+
+    def __init__(self, procs: list[Any], results: Any, deadline: float) -> None:
+        self.procs = procs
+        self.results = results
+        self.end = time.monotonic() + deadline
+        self._out: list[Outcome] | None = None
+
+    def collect(self) -> list[Outcome]:
+        """The outcomes in rank order (ranks still running at the deadline are killed)."""
+        if self._out is None:
+            self._out = self._collect()
+        return self._out
+
+    def _collect(self) -> list[Outcome]:
+        procs, results, world = self.procs, self.results, len(self.procs)
+        got: dict[int, Outcome] = {}
+        reports: dict[int, dict[str, Any]] = {r: {} for r in range(world)}
+
+        def take(rank: int, status: str, val: Any) -> None:
+            if status == "report":
+                reports[rank][val[0]] = val[1]
+            else:
+                got[rank] = _outcome(rank, status, val)
+
+        try:
+            while len(got) < world and time.monotonic() < self.end:
+                if not results.empty():
+                    take(*results.get())
+                    continue
+                for r, p in enumerate(procs):
+                    if r not in got and not p.is_alive() and p.exitcode is not None:
+                        while not results.empty():  # what it sent before it died
+                            take(*results.get())
+                        if r not in got:
+                            got[r] = Outcome(r, "died", exitcode=p.exitcode)
+                time.sleep(0.1)
+        finally:
+            for r, p in enumerate(procs):
+                p.join(timeout=2 if r in got else 0.1)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+        out = [got.get(r, Outcome(r, "hung")) for r in range(world)]
+        for o in out:
+            o.reports = reports[o.rank]
+        return out
+
+
+def start_fresh(
+    fn: Any,
+    *args: Any,
+    world: int = 2,
+    framework: str = "torch",
+    deadline: float = 120.0,
+    env: dict[str, str] | None = None,
+    init_timeout: float = 120.0,
+) -> Fresh:
+    """:func:`run_fresh` without waiting: several worlds can start together (their
+    imports, rendezvous and timeouts overlap); ``.collect()`` each."""
     port = _free_port()
     results = _CTX.SimpleQueue()  # synchronous puts: a report survives os._exit
     full_env = {"OMP_NUM_THREADS": "1", "GLOG_v": "3", **(env or {})}
@@ -134,38 +206,7 @@ def run_fresh(
     ]
     for p in procs:
         p.start()
-    got: dict[int, Outcome] = {}
-    reports: dict[int, dict[str, Any]] = {r: {} for r in range(world)}
-    end = time.monotonic() + deadline
-
-    def take(rank: int, status: str, val: Any) -> None:
-        if status == "report":
-            reports[rank][val[0]] = val[1]
-        else:
-            got[rank] = _outcome(rank, status, val)
-
-    try:
-        while len(got) < world and time.monotonic() < end:
-            if not results.empty():
-                take(*results.get())
-                continue
-            for r, p in enumerate(procs):
-                if r not in got and not p.is_alive() and p.exitcode is not None:
-                    while not results.empty():  # what it sent before it died
-                        take(*results.get())
-                    if r not in got:
-                        got[r] = Outcome(r, "died", exitcode=p.exitcode)
-            time.sleep(0.1)
-    finally:
-        for r, p in enumerate(procs):
-            p.join(timeout=2 if r in got else 0.1)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    out = [got.get(r, Outcome(r, "hung")) for r in range(world)]
-    for o in out:
-        o.reports = reports[o.rank]
-    return out
+    return Fresh(procs, results, deadline)
 
 
 def _outcome(rank: int, status: str, val: Any) -> Outcome:
