@@ -14,9 +14,11 @@ of input placements, with every cache cleared ("cold") and with the placement gr
 the geometry already built ("warm graphs"); next to torch's sharding propagation
 (``propagate_op_sharding_non_cached``) for the same placements, in milliseconds.
 
-Section 1b and 3, the flight recorder and the consistency mode (issue 10): 1b, the hot path
-with the consistency mode off and on, interleaved in this process (no collective runs, so
-the two must be equal: the mode is read once per collective, never per op); 3, on 2 spawned
+Section 1b, 1c and 3, the flight recorder and the consistency mode (issue 10): 1b, the hot
+path with the consistency mode off and on, interleaved in this process (no collective runs,
+so the two must be equal: the mode is read once per collective, never per op); 1c, the
+guard's own cost per collective (a no-op backend call direct vs through
+``hyper_shard.flight.collective``: frames, one record, timing); 3, on 2 spawned
 gloo ranks, the time per call of a raw ``torch.distributed.all_gather_into_tensor`` of a
 64x32 fp32 shard, of ``redistribute(S(0) -> R)`` of the 64x64 DTensor with the mode off
 (the recorder and the context frames included) and with it on (plus one fingerprint
@@ -189,6 +191,38 @@ def mode_hot_path(quick: bool) -> list[tuple[str, float, float]]:
         out.append((name, r[False], r[True]))
         print(f"{name:18s} {r[False]:9.2f} {r[True]:9.2f}")
     return out
+
+
+def guard_cost(quick: bool) -> tuple[float, float]:
+    """The flight guard's own cost per collective (consistency mode off): a no-op backend
+    call made directly and through ``hyper_shard.flight.collective`` (context frames read,
+    one ring-buffer record, timing), interleaved; µs per call."""
+    from hyper_shard.flight import collective
+
+    class _Group:
+        ranks, timeout = (0, 1), None
+
+    class _Plat:
+        name, comm_errors = "noop", (RuntimeError,)
+
+    p, g = _Plat(), _Group()
+
+    def noop() -> None:
+        return None
+
+    n, rounds = (20000, 3) if quick else (200000, 7)
+    r = _rounds(
+        {
+            "direct": noop,
+            "guarded": lambda: collective(p, "all_gather", g, (4, 4), "float32", noop),
+        },
+        n,
+        rounds,
+    )
+    print(f"  no-op backend call, direct                {r['direct']:8.3f} µs")
+    print(f"  through the guard + flight recorder       {r['guarded']:8.3f} µs")
+    print(f"  guard + recorder cost per collective      {r['guarded'] - r['direct']:8.3f} µs")
+    return r["direct"], r["guarded"]
 
 
 def _mode_rounds(
@@ -378,6 +412,8 @@ def main() -> None:
     hot = hot_path(args.quick)
     print("\n== 1b. hot path with the consistency mode off and on (issue 10)")
     modes = mode_hot_path(args.quick)
+    print("\n== 1c. the guard and flight recorder per collective, mode off (issue 10)")
+    direct, guarded = guard_cost(args.quick)
     print("\n== 2. cold decision for mm (cache miss)")
     cold = cold_decision(args.quick)
     comm = None
@@ -392,6 +428,7 @@ def main() -> None:
         print(f"  cold mm decision {m}: {c:.2f} ms (torch {t:.2f} ms)")
     for name, off, on in modes:
         print(f"  hot path {name}: {off:.2f} µs mode off, {on:.2f} µs mode on (no collective)")
+    print(f"  guard + recorder: {guarded - direct:.2f} µs per collective (mode off)")
     if comm is not None:
         print(f"  redistribute S->R on 2 gloo ranks: {comm['off']:.0f} µs mode off "
               f"(raw all-gather {comm['raw']:.0f} µs), {comm['on']:.0f} µs mode on")  # fmt: skip
