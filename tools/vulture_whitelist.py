@@ -39,3 +39,4 @@ _.elements
 
 # set on DTensors for torch.nn.Parameter bookkeeping
 _._is_param
+_.as_dict  # flight Record.as_dict(): for users' logs (hyper_shard.debug.recent_ops)
