@@ -158,8 +158,12 @@ class Index(_Model):
             storage_numpy_dtype(t.dtype)
             total = 0
             for c in t.chunks:
-                if len(c.offsets) != nd or len(c.sizes) != nd or any(
-                    o < 0 or s < 0 or o + s > n for o, s, n in zip(c.offsets, c.sizes, t.shape)
+                if (
+                    len(c.offsets) != nd
+                    or len(c.sizes) != nd
+                    or any(
+                        o < 0 or s < 0 or o + s > n for o, s, n in zip(c.offsets, c.sizes, t.shape)
+                    )
                 ):
                     raise CheckpointError(
                         f"checkpoint index {path}: tensor {key!r} has a chunk at offsets "
@@ -191,13 +195,17 @@ def read_index(directory: str | Path) -> tuple[Index, Path]:
             hint = " (shard files are there: a save that did not finish never commits one)"
         elif d.is_dir() and (d / ".metadata").exists():
             hint = " (this is a torch.distributed.checkpoint directory: load it with dcp.load)"
-        raise CheckpointError(f"no committed checkpoint in {d}: {path} does not exist{hint}") from None
+        raise CheckpointError(
+            f"no committed checkpoint in {d}: {path} does not exist{hint}"
+        ) from None
     except OSError as e:
         raise CheckpointError(f"cannot read the checkpoint index {path}: {e}") from None
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
-        raise CheckpointError(f"checkpoint index {path} is not valid JSON ({e}): corrupted") from None
+        raise CheckpointError(
+            f"checkpoint index {path} is not valid JSON ({e}): corrupted"
+        ) from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a {FORMAT} index (format {raw.get('format')!r})")
     try:

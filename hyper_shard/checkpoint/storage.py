@@ -179,9 +179,7 @@ def _disjoint(a: tuple, b: tuple) -> bool:
     return any(x >= y + m or y >= x + n for x, n, y, m in zip(ao, asz, bo, bsz))
 
 
-def verify_reads(
-    directory: Path, index: Index, per_rank: Iterable[dict[Box, int]]
-) -> list[str]:
+def verify_reads(directory: Path, index: Index, per_rank: Iterable[dict[Box, int]]) -> list[str]:
     """Check the saved chunks that the ranks' reads cover completely.
 
     ``per_rank`` holds every rank's partial checksums by box. Identical boxes (replicas

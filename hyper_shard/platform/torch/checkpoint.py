@@ -41,6 +41,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from ...checkpoint.errors import CheckpointError
 from ...checkpoint.format import INDEX_NAME
+from ...checkpoint.state import rename
 from ...dtensor import DTensor
 from ...placement import Partial, Replicate
 from . import dcp as _dcp
@@ -79,21 +80,7 @@ def _flat(state_dict: dict[str, Any], key_map: Mapping[str, str] | None) -> tupl
     """(checkpoint key -> leaf, checkpoint key -> path in ``state_dict``), flattened as DCP
     flattens, renamed by ``key_map`` (state-dict key -> checkpoint key)."""
     flat, paths = flatten_state_dict(state_dict)
-    if not key_map:
-        return flat, paths
-    unknown = sorted(set(key_map) - set(flat))
-    if unknown:
-        raise CheckpointError(
-            f"key_map names keys the state dict does not have: {unknown[:5]} (state dict keys "
-            f"look like {sorted(flat)[:3]})"
-        )
-    out, opaths = {}, {}
-    for k, v in flat.items():
-        ck = key_map.get(k, k)
-        if ck in out:
-            raise CheckpointError(f"key_map maps two state-dict keys to checkpoint key {ck!r}")
-        out[ck], opaths[ck] = v, paths[k]
-    return out, opaths
+    return rename(flat, paths, key_map)
 
 
 def _detect(path: Path) -> str:

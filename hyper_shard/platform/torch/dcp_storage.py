@@ -221,7 +221,9 @@ class HyperShardWriter(StorageWriter, AsyncStager):
                 "checksum": cs.to_hex(cs.box_checksum(arr)),
                 "layout": None if layout is None else layout.model_dump(),
             }
-            results.append(WriteResult(index=item.index, size_in_bytes=arr.nbytes, storage_data=data))
+            results.append(
+                WriteResult(index=item.index, size_in_bytes=arr.nbytes, storage_data=data)
+            )
         if arrays:
             self.bytes_written = write_shard(
                 self.path, file, arrays, save_id, self.rank, sync=self.sync_files
