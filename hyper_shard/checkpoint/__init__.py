@@ -34,7 +34,32 @@ from typing import Any
 from .errors import CheckpointError
 from .format import INDEX_NAME, Index, read_index
 
-__all__ = ["save", "load", "async_save", "read_index", "Index", "CheckpointError", "INDEX_NAME"]
+__all__ = [
+    "save",
+    "load",
+    "async_save",
+    "read_index",
+    "Index",
+    "CheckpointError",
+    "INDEX_NAME",
+    "DTensorStager",
+    "HyperShardWriter",
+    "HyperShardReader",
+]
+
+#: torch-only names, imported on first use (this package imports no framework)
+_TORCH = {
+    "DTensorStager": "hyper_shard.platform.torch.checkpoint",
+    "HyperShardWriter": "hyper_shard.platform.torch.dcp_storage",
+    "HyperShardReader": "hyper_shard.platform.torch.dcp_storage",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCH:
+        return getattr(importlib.import_module(_TORCH[name]), name)
+    raise AttributeError(f"module 'hyper_shard.checkpoint' has no attribute {name!r}")
+
 
 _ADAPTERS = {
     "torch": "hyper_shard.platform.torch.checkpoint",

@@ -93,20 +93,24 @@ class ShardFiles:
         from safetensors import safe_open
 
         path = self.directory / name
+        held = sorted(
+            k for k, t in self.index.tensors.items() if any(c.file == name for c in t.chunks)
+        )
+        keys = ", ".join(repr(k) for k in held[:5]) + (" ..." if len(held) > 5 else "")
         if not path.exists():
             raise CheckpointError(
-                f"checkpoint {self.directory}: file {path} holding {key!r} is missing"
+                f"checkpoint {self.directory}: file {path} holding {keys} is missing"
             )
         try:
             f = self._stack.enter_context(safe_open(str(path), framework="np"))
         except Exception as e:
             raise CheckpointError(
-                f"checkpoint file {path} (holding {key!r}) is truncated or corrupted: {e}"
+                f"checkpoint file {path} (holding {keys}) is truncated or corrupted: {e}"
             ) from None
         meta = f.metadata() or {}
         if meta.get("format") != FORMAT or meta.get("save_id") != self.index.save_id:
             raise CheckpointError(
-                f"checkpoint file {path} (holding {key!r}) belongs to save "
+                f"checkpoint file {path} (holding {keys}) belongs to save "
                 f"{meta.get('save_id')!r}, not to the committed save {self.index.save_id!r} "
                 f"of {self.directory / INDEX_NAME}"
             )

@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.stateful import Stateful
 
 from ...checkpoint.errors import CheckpointError
-from ...checkpoint.format import INDEX_NAME
+from ...checkpoint.format import INDEX_NAME, read_index
 from ...checkpoint.state import rename
 from ...dtensor import DTensor
 from ...placement import Partial, Replicate
@@ -88,14 +88,33 @@ def _detect(path: Path) -> str:
         return "hyper_shard"
     if (path / ".metadata").exists():
         return "dcp"
-    if path.is_dir() and any(path.glob("*.safetensors")):
+    if path.is_dir() and any(
+        not p.name.startswith("shard-") for p in path.glob("*.safetensors")
+    ):  # (shard-*.safetensors without an index: a hyper_shard save that never committed)
         return "hf"
     return "hyper_shard"  # read_index raises the clear "no committed checkpoint" error
 
 
+def _agree(error: str | None, process_group: Any) -> None:
+    """Raise ``error`` (or another rank's) on every rank, before any DCP collective."""
+    errors = [error]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1:
+        errors = [None] * dist.get_world_size(process_group)
+        dist.all_gather_object(errors, error, group=process_group)
+    first = next((e for e in errors if e), None)
+    if first is not None:
+        raise CheckpointError(first)
+
+
 def _reader(path: Path, kind: str, process_group: Any) -> Any:
     if kind == "hyper_shard":
-        return HyperShardReader(path, process_group=process_group)
+        error, index = None, None
+        try:
+            index, _ = read_index(path)
+        except CheckpointError as e:
+            error = str(e)
+        _agree(error, process_group)
+        return HyperShardReader(path, process_group=process_group, index=index)
     if kind == "dcp":
         return dcp.FileSystemReader(path)
     return dcp.HuggingFaceStorageReader(str(path))

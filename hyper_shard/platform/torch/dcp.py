@@ -32,6 +32,7 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ...checkpoint.errors import CheckpointError
 from ...placement import Partial, Replicate
 
 __all__ = ["create_write_items", "create_chunk_list", "get_tensor_shard", "reduced_for_save"]
@@ -50,13 +51,28 @@ def _version(t: torch.Tensor) -> int:
         return int(t._version)
 
 
-def _box(dt: Any) -> tuple[torch.Size, torch.Size] | None:
+def _box(dt: Any, fqn: str) -> tuple[torch.Size, torch.Size] | None:
     """(global offsets, sizes) of this rank's shard; None for an empty shard of a non-empty
-    tensor or a rank outside the mesh."""
+    tensor or a rank outside the mesh.
+
+    Raises:
+        CheckpointError: the local tensor's shape is not the one its layout gives (e.g. a
+            copy made by DCP's default async stager, which sizes tensors globally).
+    """
     spec = dt._spec
     if spec.mesh.get_coordinate() is None:
         return None
     sizes, offsets = spec.local_shape_and_offset()
+    with DisableTorchFunctionSubclass():
+        have = tuple(dt.shape)
+    if have != tuple(sizes):
+        raise CheckpointError(
+            f"DTensor {fqn!r} (global shape {list(spec.shape)}, placements "
+            f"{[str(p) for p in spec.placements]}) holds a local tensor of shape {list(have)} "
+            f"where its layout gives {list(sizes)}: was it copied by torch.distributed."
+            f"checkpoint's default async stager? Pass async_stager=hyper_shard.checkpoint."
+            f"DTensorStager() to dcp.async_save, or use hyper_shard.checkpoint.async_save"
+        )
     if spec.ndim and 0 in sizes and 0 not in spec.shape:
         return None
     return torch.Size(offsets), torch.Size(sizes)
@@ -89,7 +105,7 @@ def create_write_items(dt: Any, fqn: str) -> list[Any]:
     spec = dt._spec
     if spec.has_partial() and spec.mesh.get_coordinate() is not None:
         _REDUCED[dt] = (reduced_for_save(dt), _version(_local(dt)))
-    box = _box(dt)
+    box = _box(dt, fqn)
     if box is None:
         return []
     offsets, sizes = box
@@ -111,8 +127,8 @@ def create_chunk_list(dt: Any) -> list[Any]:
     """DCP ``__create_chunk_list__``: the global box this rank's shard covers.
 
     Raises:
-        ValueError: ``dt`` has a ``Partial(sum)`` or ``Partial(prod)`` placement (loading
-            the whole value on every rank would change the global value).
+        CheckpointError: ``dt`` has a ``Partial(sum)`` or ``Partial(prod)`` placement
+            (loading the whole value on every rank would change the global value).
     """
     from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
 
@@ -120,13 +136,13 @@ def create_chunk_list(dt: Any) -> list[Any]:
     _REDUCED.pop(dt, None)  # a load: never hand DCP a reduced copy of a previous save
     bad = [p for p in spec.placements if type(p) is Partial and p.reduce_op in ("sum", "prod")]
     if bad:
-        raise ValueError(
+        raise CheckpointError(
             f"torch.distributed.checkpoint.load into a DTensor with placements "
             f"{[str(p) for p in spec.placements]}: a Partial({bad[0].reduce_op}) target would "
             f"receive the whole value on every rank; load into its Replicate form and "
             f"redistribute, or use hyper_shard.checkpoint.load (which does that)"
         )
-    box = _box(dt)
+    box = _box(dt, "<load target>")
     if box is None:
         return []
     offsets, sizes = box
@@ -141,7 +157,7 @@ def get_tensor_shard(dt: Any, index: Any) -> torch.Tensor:
         ValueError: ``index`` names another shard's offset, or a Partial DTensor was changed
             (or not planned) since DCP planned the save.
     """
-    box = _box(dt)
+    box = _box(dt, index.fqn)
     if index.offset is not None and (box is None or torch.Size(index.offset) != box[0]):
         raise ValueError(
             f"DCP asked DTensor {index.fqn!r} for the shard at global offset "

@@ -296,13 +296,16 @@ class HyperShardReader(StorageReader):
         path: the checkpoint directory.
         process_group: the group ``dcp.load`` runs on (default: the world), used for the
             collective checksum verification.
+        index: the checkpoint's index, if already read.
     """
 
-    def __init__(self, path: str | Path, *, process_group: Any = None) -> None:
+    def __init__(
+        self, path: str | Path, *, process_group: Any = None, index: Index | None = None
+    ) -> None:
         super().__init__()
         self.path = Path(path)
         self.process_group = process_group
-        self.index: Index | None = None
+        self.index: Index | None = index
         self.bytes_read = 0
 
     def reset(self, checkpoint_id: str | Path | None = None) -> None:
@@ -310,11 +313,12 @@ class HyperShardReader(StorageReader):
             self.path = Path(checkpoint_id)
         self.index = None
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        if kwargs.get("rank") is not None:  # DCP's rank-local fallback: not this format
-            raise CheckpointError(f"no rank-local metadata in {self.path}")
-        index, _ = read_index(self.path)
-        self.index = index
+    def read_metadata(self) -> Metadata:  # type: ignore[override]
+        # (no **kwargs: DCP then does not retry with rank-local metadata, which this
+        # format does not have, and the index's own error reaches the caller)
+        if self.index is None:
+            self.index, _ = read_index(self.path)
+        index = self.index
         sdm: dict[str, Any] = {}
         storage: dict[MetadataIndex, Any] = {}
         for key, t in index.tensors.items():
