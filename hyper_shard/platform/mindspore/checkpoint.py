@@ -25,7 +25,6 @@ from mindspore import Tensor
 from ...checkpoint import checksum as cs
 from ...checkpoint.errors import CheckpointError
 from ...checkpoint.format import (
-    FORMAT,
     INDEX_NAME,
     VERSION,
     ChunkEntry,
@@ -198,7 +197,7 @@ def save(
     # the plan: every rank computes the same writer for every box (no communication)
     tensors = {k: v for k, v in flat.items() if _is_tensor(v)}
     boxes = {k: _box(v) for k, v in tensors.items()}
-    items = []
+    items: list[tuple[str, Chunk, list[int], int]] = []
     for k, (_, hold, _) in boxes.items():
         itemsize = np.dtype(storage_numpy_dtype(dtype_name(tensors[k].dtype))).itemsize
         items.extend((k, c, ranks, c.numel * itemsize) for c, ranks in hold.items())
@@ -252,7 +251,7 @@ def save(
                     layout=_layout(boxes[k][2]),
                 )
             index = Index(
-                format=FORMAT,
+                format="hyper_shard.checkpoint",
                 version=VERSION,
                 save_id=save_id,
                 framework="mindspore",

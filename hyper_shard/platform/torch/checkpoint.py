@@ -293,8 +293,8 @@ def load(
     for k, v in state_dict.items():
         if isinstance(v, Stateful):
             v.load_state_dict(resolved[k])
-        elif resolved[k] is not v:
-            state_dict[k] = resolved[k]  # type: ignore[index]  (a top-level python value)
+        elif resolved[k] is not v:  # a top-level python value
+            state_dict[k] = resolved[k]  # type: ignore[index]
 
 
 # ---------------------------------------------------------------------- async
@@ -375,7 +375,7 @@ def async_save(
         fut = dcp.async_save(flat, storage_writer=writer, process_group=pg)
     except CheckpointException as e:
         raise _error(e) from None
-    upload = getattr(fut, "upload_completion", fut)
+    upload: Any = getattr(fut, "upload_completion", fut)
 
     def done(f: Any) -> None:
         try:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,6 @@ from torch.futures import Future
 from ...checkpoint import checksum as cs
 from ...checkpoint.errors import CheckpointError
 from ...checkpoint.format import (
-    FORMAT,
     INDEX_NAME,
     VERSION,
     ChunkEntry,
@@ -164,7 +164,7 @@ class HyperShardWriter(StorageWriter, AsyncStager):
         self.rank = 0
         self.bytes_written = 0
 
-    def reset(self, checkpoint_id: str | Path | None = None) -> None:
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:
             self.path = Path(checkpoint_id)
         self.save_id = uuid.uuid4().hex[:16]
@@ -201,11 +201,13 @@ class HyperShardWriter(StorageWriter, AsyncStager):
                 obj = (
                     flat[fqn]
                     if fqn in flat
-                    else torch.load(planner.resolve_data(item), weights_only=False)
+                    else torch.load(planner.resolve_data(item), weights_only=False)  # type: ignore[arg-type]
                 )
                 entry = encode_object(fqn, obj)
-                data = {"object": entry.model_dump(by_alias=True, exclude_none=True)}
-                results.append(WriteResult(index=item.index, size_in_bytes=0, storage_data=data))
+                obj_data = {"object": entry.model_dump(by_alias=True, exclude_none=True)}
+                results.append(
+                    WriteResult(index=item.index, size_in_bytes=0, storage_data=obj_data)
+                )
                 continue
             assert item.tensor_data is not None and item.tensor_data.chunk is not None
             tensor = planner.resolve_data(item)
@@ -214,7 +216,7 @@ class HyperShardWriter(StorageWriter, AsyncStager):
             name = entry_name(fqn, offsets)
             arrays[name] = arr
             layout = _layout(flat.get(fqn))
-            data = {
+            data: dict[str, Any] = {
                 "file": file,
                 "entry": name,
                 "sizes": [int(s) for s in item.tensor_data.chunk.sizes],
@@ -251,7 +253,7 @@ class HyperShardWriter(StorageWriter, AsyncStager):
             t = tensors[key]
             t["chunks"].append(
                 ChunkEntry(
-                    offsets=[int(o) for o in wr.index.offset],
+                    offsets=[int(o) for o in wr.index.offset or ()],
                     sizes=data["sizes"],
                     file=data["file"],
                     entry=data["entry"],
@@ -262,7 +264,7 @@ class HyperShardWriter(StorageWriter, AsyncStager):
                 t["layout"] = LayoutEntry.model_validate(data["layout"])
         paths = self.paths if self.paths is not None else dict(metadata.planner_data or {})
         index = Index(
-            format=FORMAT,
+            format="hyper_shard.checkpoint",
             version=VERSION,
             save_id=self.save_id,
             framework="torch",
@@ -278,14 +280,20 @@ class HyperShardWriter(StorageWriter, AsyncStager):
         return StorageMeta(checkpoint_id=str(self.path), save_id=self.save_id)
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | Path) -> bool:
-        return isinstance(checkpoint_id, (str, Path))
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        return isinstance(checkpoint_id, (str, os.PathLike))
 
     # AsyncStager: dcp.async_save stages through the writer (see checkpoint.stage_state_dict)
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         from .checkpoint import stage_state_dict
 
         return stage_state_dict(state_dict)
+
+    def synchronize_staging(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
 
 
 # ---------------------------------------------------------------------- reader
@@ -308,7 +316,7 @@ class HyperShardReader(StorageReader):
         self.index: Index | None = index
         self.bytes_read = 0
 
-    def reset(self, checkpoint_id: str | Path | None = None) -> None:
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:
             self.path = Path(checkpoint_id)
         self.index = None
@@ -423,5 +431,5 @@ class HyperShardReader(StorageReader):
         return str(self.path)
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | Path) -> bool:
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         return (Path(checkpoint_id) / INDEX_NAME).exists()
