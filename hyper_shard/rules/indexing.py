@@ -175,9 +175,9 @@ class IndexOp(PlannedOp):
             except ShardingError:
                 raise
             except (IndexError, TypeError) as e:
-                raise type(e)(f"{call.describe()}: {e}") from None
+                raise type(e)(f"{call.describe()}: {e}") from e
             except ValueError as e:
-                raise ShardingError(f"{call.describe()}: {e}") from None
+                raise ShardingError(f"{call.describe()}: {e}") from e
         return super().infer_layout(call)
 
     # -- __getitem__ --------------------------------------------------------------

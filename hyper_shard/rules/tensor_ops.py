@@ -106,14 +106,14 @@ class PlannedOp(DistributedOp):
         except ShardingError:
             raise
         except IndexError as e:
-            raise IndexError(f"{call.describe()}: {e}") from None
+            raise IndexError(f"{call.describe()}: {e}") from e
         except TypeError as e:
-            raise TypeError(f"{call.describe()}: {e}") from None
+            raise TypeError(f"{call.describe()}: {e}") from e
         except ValueError as e:
             raise ShardingError(
                 f"{call.describe()}: {e} (sizes, dims and indices are GLOBAL, as for the full "
                 f"tensor)"
-            ) from None
+            ) from e
 
     def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
         return list(self.checked_plan(call).shapes)
@@ -133,12 +133,12 @@ class PlannedOp(DistributedOp):
                 fixed=fixed,
                 accept=plan.accept,
             )
-        except ValueError:
+        except ValueError as e:
             raise ShardingError(
                 f"{call.describe()}: no sharding of the inputs fits {call.platform_name} while "
                 f"keeping the in-place target's placements; redistribute it first (e.g. to "
                 f"Replicate()), or use the out-of-place op"
-            ) from None
+            ) from e
         layout = Layout(list(res.inputs), list(res.outputs), list(plan.shapes), cost=res.cost)
         return plan.local(layout) if plan.local is not None else layout
 

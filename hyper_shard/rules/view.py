@@ -198,14 +198,14 @@ class ViewOp(DistributedOp):
         except ShardingError:
             raise
         except IndexError as e:
-            raise IndexError(f"{call.describe()}: {e}") from None
+            raise IndexError(f"{call.describe()}: {e}") from e
         except TypeError as e:
-            raise TypeError(f"{call.describe()}: {e}") from None
+            raise TypeError(f"{call.describe()}: {e}") from e
         except ValueError as e:
             raise ShardingError(
                 f"{call.describe()}: {e}. Sizes and dims are GLOBAL (as torch.Tensor.{kind} on "
                 f"the full tensor of shape {tuple(call.specs[0].shape)}), not the local shard's"
-            ) from None
+            ) from e
 
     def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
         return self._strategies(call, self.plan(call))
