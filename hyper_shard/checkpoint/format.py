@@ -142,7 +142,7 @@ class Index(_Model):
     paths: dict[str, list[str | int]] = {}
 
     def to_json(self) -> str:
-        return json.dumps(self.model_dump(by_alias=True, exclude_none=True), indent=1)
+        return json.dumps(self.model_dump(by_alias=True, exclude_none=True), separators=(",", ":"))
 
     def keys(self) -> list[str]:
         return list(self.tensors) + list(self.objects)
