@@ -49,15 +49,21 @@ def box_checksum(box: Any, row0: int = 0) -> int:
     Returns:
         An integer in ``[0, 2**64)``; partial checksums combine with :func:`add`.
     """
-    a = np.ascontiguousarray(box)
-    rows = a.shape[0] if a.ndim else 1
+    a = np.asarray(box)
     if a.size == 0:
         return 0
-    flat = a.reshape(rows, -1)
-    width = flat.dtype.itemsize
-    u = flat.view(_UINT[width]) if width in _UINT else flat.view(np.uint8)
-    sums = u.sum(axis=1, dtype=np.uint64)
-    return int((sums * _weights(row0, rows)).sum(dtype=np.uint64))
+    if a.ndim == 0:
+        a = a.reshape(1)
+    width = a.dtype.itemsize
+    if width not in _UINT:  # (complex128): view the bytes of contiguous rows
+        a = np.ascontiguousarray(a).reshape(a.shape[0], -1).view(np.uint8)
+        width = 1
+    u = a.view(_UINT[width])  # same itemsize: fine on a strided view, no copy
+    if u.ndim == 1:
+        sums = u.astype(np.uint64)
+    else:
+        sums = u.sum(axis=tuple(range(1, u.ndim)), dtype=np.uint64)
+    return int((sums * _weights(row0, u.shape[0])).sum(dtype=np.uint64))
 
 
 def add(*parts: int) -> int:

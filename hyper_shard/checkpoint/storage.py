@@ -2,8 +2,8 @@
 
 * :func:`write_shard`: one rank's chunks into one safetensors file (numpy API), synced.
 * :class:`ShardFiles`: reads the slice ``[starts, starts + lengths)`` of a saved chunk and
-  nothing else (safetensors maps the file and copies just those elements), returning the
-  slice and its partial checksum. A missing, truncated or foreign file, or an entry whose
+  nothing else (the file's data memory-mapped behind its safetensors header: the slice's
+  pages only, one copy), returning the slice and its partial checksum. A missing, truncated or foreign file, or an entry whose
   shape or dtype differs from the index, raises naming the key and the file.
 * :func:`verify_reads`: given every rank's partial checksums, checks each saved chunk the
   ranks read completely (together) against the checksum the index holds.
@@ -19,6 +19,7 @@ This module imports no framework.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -66,18 +67,45 @@ def write_shard(
     return sum(int(a.nbytes) for a in arrays.values())
 
 
+class _Mapped:
+    """One shard file: its safetensors header (validated against the file's size) and a
+    read-only memory map of its data."""
+
+    __slots__ = ("header", "data", "meta")
+
+    def __init__(self, path: Path) -> None:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise ValueError(f"{size} bytes: shorter than a safetensors header")
+            n = int.from_bytes(head, "little")
+            if n > size - 8 or n > 100 * 2**20:
+                raise ValueError(f"header length {n} does not fit the file's {size} bytes")
+            header = json.loads(fh.read(n))
+        self.meta = header.pop("__metadata__", None) or {}
+        end = max((int(e["data_offsets"][1]) for e in header.values()), default=0)
+        if 8 + n + end != size:
+            raise ValueError(f"the header describes {8 + n + end} bytes, the file has {size}")
+        self.header = header
+        self.data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n) if end else None
+
+
 class ShardFiles:
-    """Slice reads from the shard files of one committed checkpoint (files opened once)."""
+    """Slice reads from the shard files of one committed checkpoint.
+
+    A file is opened once: its safetensors header is parsed and checked against the file's
+    size (a truncated or padded file is refused), and its data is memory-mapped, so a read
+    touches only the bytes of the slice asked for (one copy, into the caller's buffer).
+    """
 
     def __init__(self, directory: Path, index: Index) -> None:
         self.directory = directory
         self.index = index
-        self._open: dict[str, Any] = {}
-        self._stack = contextlib.ExitStack()
+        self._open: dict[str, _Mapped] = {}
         self.bytes_read = 0
 
     def close(self) -> None:
-        self._stack.close()
         self._open.clear()
 
     def __enter__(self) -> ShardFiles:
@@ -86,32 +114,33 @@ class ShardFiles:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _file(self, name: str, key: str) -> Any:
-        f = self._open.get(name)
-        if f is not None:
-            return f
-        from safetensors import safe_open
-
-        path = self.directory / name
+    def _keys_in(self, name: str) -> str:
         held = sorted(
             k for k, t in self.index.tensors.items() if any(c.file == name for c in t.chunks)
         )
-        keys = ", ".join(repr(k) for k in held[:5]) + (" ..." if len(held) > 5 else "")
+        return ", ".join(repr(k) for k in held[:5]) + (" ..." if len(held) > 5 else "")
+
+    def _file(self, name: str) -> _Mapped:
+        f = self._open.get(name)
+        if f is not None:
+            return f
+        path = self.directory / name
         if not path.exists():
             raise CheckpointError(
-                f"checkpoint {self.directory}: file {path} holding {keys} is missing"
+                f"checkpoint {self.directory}: file {path} holding {self._keys_in(name)} is "
+                f"missing"
             )
         try:
-            f = self._stack.enter_context(safe_open(str(path), framework="np"))
+            f = _Mapped(path)
         except Exception as e:
             raise CheckpointError(
-                f"checkpoint file {path} (holding {keys}) is truncated or corrupted: {e}"
+                f"checkpoint file {path} (holding {self._keys_in(name)}) is truncated or "
+                f"corrupted: {e}"
             ) from None
-        meta = f.metadata() or {}
-        if meta.get("format") != FORMAT or meta.get("save_id") != self.index.save_id:
+        if f.meta.get("format") != FORMAT or f.meta.get("save_id") != self.index.save_id:
             raise CheckpointError(
-                f"checkpoint file {path} (holding {keys}) belongs to save "
-                f"{meta.get('save_id')!r}, not to the committed save {self.index.save_id!r} "
+                f"checkpoint file {path} (holding {self._keys_in(name)}) belongs to save "
+                f"{f.meta.get('save_id')!r}, not to the committed save {self.index.save_id!r} "
                 f"of {self.directory / INDEX_NAME}"
             )
         self._open[name] = f
@@ -121,40 +150,39 @@ class ShardFiles:
         self, key: str, chunk: ChunkEntry, starts: Sequence[int], lengths: Sequence[int]
     ) -> tuple[Any, int]:
         """The slice ``starts .. starts + lengths`` (relative to the chunk) of a saved chunk
-        of ``key``, as a numpy array of the chunk's storage dtype, and its partial checksum.
+        of ``key`` and its partial checksum. The slice is a read-only numpy view of the
+        mapped file (the chunk's storage dtype): copy it where it belongs.
 
         Raises:
             CheckpointError: the file is missing, truncated, corrupted or from another save,
                 or its entry does not match the index (naming ``key`` and the file).
         """
-        f = self._file(chunk.file, key)
+        f = self._file(chunk.file)
         path = self.directory / chunk.file
         want = storage_numpy_dtype(self.index.tensors[key].dtype)
-        try:
-            sl = f.get_slice(chunk.entry)
-        except Exception:
+        e = f.header.get(chunk.entry)
+        if e is None:
             raise CheckpointError(
                 f"checkpoint file {path} has no entry {chunk.entry!r} for {key!r} (corrupted or "
                 f"replaced file)"
-            ) from None
-        shape = list(sl.get_shape())
-        if shape != list(chunk.sizes) or np.dtype(_NP.get(sl.get_dtype(), "V")) != want:
+            )
+        shape = [int(x) for x in e.get("shape", ())]
+        begin, end = (int(x) for x in e["data_offsets"])
+        if (
+            shape != list(chunk.sizes)
+            or np.dtype(_NP.get(e.get("dtype"), "V")) != want
+            or end - begin != int(np.prod(shape, dtype=np.int64)) * want.itemsize
+        ):
             raise CheckpointError(
-                f"checkpoint file {path}: entry {chunk.entry!r} of {key!r} is {sl.get_dtype()} "
+                f"checkpoint file {path}: entry {chunk.entry!r} of {key!r} is {e.get('dtype')} "
                 f"{shape}, the index says {want} {list(chunk.sizes)} (corrupted file)"
             )
-        idx = tuple(slice(s, s + n) for s, n in zip(starts, lengths))
-        try:
-            arr = sl[idx]
-        except Exception as e:
-            raise CheckpointError(
-                f"checkpoint file {path}: cannot read {key!r} ({e}): truncated or corrupted"
-            ) from None
-        arr = np.asarray(arr)
-        if arr.shape != tuple(lengths) and arr.size == int(np.prod(lengths, dtype=np.int64)):
-            arr = arr.reshape(tuple(lengths))  # a 0-d slice comes back as shape (1,)
-        if arr.dtype != want:  # safetensors returns e.g. bool for BOOL: same bits
-            arr = arr.view(want)
+        if f.data is None or end == begin:
+            arr = np.zeros(shape, dtype=want)
+        else:
+            arr = f.data[begin:end].view(want).reshape(shape)
+        if len(starts):  # (indexing a 0-d array by () would give a numpy scalar)
+            arr = arr[tuple(slice(s, s + n) for s, n in zip(starts, lengths))]
         self.bytes_read += int(arr.nbytes)
         return arr, cs.box_checksum(arr, int(starts[0]) if len(starts) else 0)
 

@@ -23,6 +23,7 @@ import dataclasses
 import io
 import os
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -102,9 +103,12 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def from_numpy(a: np.ndarray, name: str) -> torch.Tensor:
-    """The torch tensor (dtype ``name``) whose bits a stored numpy array holds."""
+    """The torch tensor (dtype ``name``) whose bits a stored numpy array holds: a view of
+    it (also of a read-only memory map: copy it before writing)."""
     dt = torch_dtype(name)
-    t = torch.from_numpy(a if a.flags.c_contiguous else np.ascontiguousarray(a))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "non-writable tensors": only read, by copy_
+        t = torch.from_numpy(a)
     if dt is torch.bfloat16:
         return t.view(torch.int16).view(torch.bfloat16)
     if t.dtype != dt:
