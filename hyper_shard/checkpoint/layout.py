@@ -1,12 +1,14 @@
 """Which global slices each rank owns (to write) and needs (to read), framework-neutrally.
 
 On torch, DCP plans this itself from the DTensors' protocol methods; this module plans
-the same for platforms without DCP (MindSpore), from the specs alone, with no
-communication: every rank computes the same plan.
+the same for platforms without DCP (MindSpore): every rank computes the same plan from
+the boxes every rank holds (one all-gather of small metadata, which also finds the
+replicas of a DTensor that lives on a sub-mesh).
 
 * :func:`chunk_of`: the global box of the shard a mesh coordinate holds (``torch.chunk``
   layout, left-to-right nesting of mesh dims; ``Partial`` mesh dims hold whole values,
   reduced before saving).
+* :func:`holders`: every box of one spec and the ranks of its mesh holding it.
 * :func:`assign_writers`: one writer per distinct box among the ranks holding it (its
   replicas), balancing bytes greedily, deterministic, like DCP's ``dedup_save_plans``.
 * :func:`read_boxes`: the overlaps of a target box with the saved chunks: which slice of

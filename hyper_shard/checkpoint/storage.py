@@ -127,8 +127,7 @@ class ShardFiles:
         path = self.directory / name
         if not path.exists():
             raise CheckpointError(
-                f"checkpoint {self.directory}: file {path} holding {self._keys_in(name)} is "
-                f"missing"
+                f"checkpoint {self.directory}: file {path} holding {self._keys_in(name)} is missing"
             )
         try:
             f = _Mapped(path)

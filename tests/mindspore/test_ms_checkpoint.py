@@ -3,8 +3,9 @@
 same architecture in MindSpore, tensor-parallel on 2 mccl ranks (vocab-parallel
 embedding, column/row-parallel linears: other placements, so the load reshards), loads it
 with a ``key_map`` (MindSpore's ``embed.embedding_table`` is torch's ``embed.weight``),
-gives the same forward output, takes an SGD step and saves (under torch's names); the
-torch model loads that in one plain process and matches MindSpore's parameters exactly.
+gives the same forward output, takes an SGD step and saves (under torch's names, with a
+``Partial`` DTensor reduced before saving and a python value); the torch model loads that
+in one plain process and matches MindSpore's parameters exactly.
 MindSpore errors (missing key, shape) are raised on every rank and change nothing."""
 
 from __future__ import annotations
@@ -132,7 +133,11 @@ def ms_load_step_save(rank: int, world: int, src: str, dst: str) -> dict:
     step = value_and_grad(loss_fn, None, opt.parameters)
     _, grads = step(ids)
     opt(optimizer_grads(grads, opt.parameters))
-    hc.save(params, dst, key_map=KEY_MAP)
+    # the parameters, and a Partial DTensor (reduced before saving) with a python value
+    from hyper_shard import DTensor, Partial
+
+    part = DTensor.from_local(Tensor(np.full((3, 2), rank + 1.0, np.float32)), mesh, [Partial()])
+    hc.save({**params, "extra": {"p": part, "step": 7}}, dst, key_map=KEY_MAP)
     out["stepped"] = {KEY_MAP.get(k, k): v.full_tensor().asnumpy() for k, v in params.items()}
     out["dtype"] = str(ms.float32)
     return out
@@ -161,8 +166,10 @@ def test_torch_mindspore_round_trip(dist2, ms2, tmp_path: Path) -> None:
     assert any(not np.array_equal(r0["stepped"][k], full[k]) for k in full)  # SGD moved them
     # MindSpore -> torch, one plain process
     net = _torch_net()
-    hc.load(net.state_dict(), b)
+    extra = {"p": torch.zeros(3, 2), "step": 0}
+    hc.load({**net.state_dict(), "extra": extra}, b)
     for k, v in net.state_dict().items():
         np.testing.assert_array_equal(v.numpy(), r0["stepped"][k])
+    assert torch.equal(extra["p"], torch.full((3, 2), 3.0)) and extra["step"] == 7
     ref = _torch_net()
     assert not torch.equal(ref.up.weight, net.up.weight)

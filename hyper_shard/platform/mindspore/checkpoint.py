@@ -38,7 +38,7 @@ from ...checkpoint.format import (
     shard_file_name,
     storage_numpy_dtype,
 )
-from ...checkpoint.layout import Chunk, assign_writers, chunk_of, holders, read_boxes
+from ...checkpoint.layout import Chunk, assign_writers, chunk_of, read_boxes
 from ...checkpoint.state import flatten, rename, set_element
 from ...checkpoint.storage import ShardFiles, commit, verify_reads, write_shard
 from ...dtensor import DTensor
@@ -151,16 +151,15 @@ def _to_ms(a: np.ndarray, name: str) -> Tensor:
     return Tensor(np.ascontiguousarray(a))
 
 
-def _box(v: Any) -> tuple[Chunk | None, dict[Chunk, list[int]], Any]:
-    """(this rank's box, every box -> its holders, the spec or None) of a tensor leaf."""
+def _box(v: Any) -> tuple[Chunk | None, Any]:
+    """(this rank's box, the spec or None) of a tensor leaf; a plain tensor is whole on
+    every rank."""
     if isinstance(v, DTensor):
         spec = v._spec
         coord = spec.mesh.get_coordinate()
-        mine = None if coord is None else chunk_of(spec, coord)
-        return mine, holders(spec), spec
+        return (None if coord is None else chunk_of(spec, coord)), spec
     shape = tuple(int(s) for s in v.shape)
-    full = Chunk((0,) * len(shape), shape)
-    return full, {full: list(range(_plat().get_world_size()))}, None
+    return Chunk((0,) * len(shape), shape), None
 
 
 def _layout(spec: Any) -> LayoutEntry | None:
@@ -194,13 +193,20 @@ def save(
     flat, paths = rename(*flatten(state_dict, _is_tensor), key_map)
     save_id = world.gather(uuid.uuid4().hex[:16])[0]
     file = shard_file_name(save_id, world.rank)
-    # the plan: every rank computes the same writer for every box (no communication)
+    # the plan: which ranks hold each box (one all-gather of the boxes: a DTensor on a
+    # sub-mesh has replicas on ranks its own mesh does not list), then the same writer per
+    # box computed on every rank
     tensors = {k: v for k, v in flat.items() if _is_tensor(v)}
     boxes = {k: _box(v) for k, v in tensors.items()}
-    items: list[tuple[str, Chunk, list[int], int]] = []
-    for k, (_, hold, _) in boxes.items():
+    mine_all = {k: b[0] for k, b in boxes.items() if b[0] is not None}
+    hold: dict[tuple[str, Chunk], list[int]] = {}
+    for r, theirs in enumerate(world.gather(mine_all)):
+        for k, c in theirs.items():
+            hold.setdefault((k, Chunk(*c)), []).append(r)
+    items = []
+    for (k, c), ranks in hold.items():
         itemsize = np.dtype(storage_numpy_dtype(dtype_name(tensors[k].dtype))).itemsize
-        items.extend((k, c, ranks, c.numel * itemsize) for c, ranks in hold.items())
+        items.append((k, c, ranks, c.numel * itemsize))
     writers = assign_writers(items)
     error = None
     chunks: dict[str, list[dict]] = {}
@@ -248,7 +254,7 @@ def save(
                     dtype=dtype_name(v.dtype),
                     shape=[int(s) for s in v.shape],
                     chunks=sorted(found, key=lambda c: c.offsets),
-                    layout=_layout(boxes[k][2]),
+                    layout=_layout(boxes[k][1]),
                 )
             index = Index(
                 format="hyper_shard.checkpoint",
