@@ -212,12 +212,14 @@ def save(
     chunks: dict[str, list[dict]] = {}
     objects: dict[str, Any] = {}
     nbytes = 0
+    # every rank, in the same order, before anything may fail on one rank only: the
+    # all-reduce of each Partial DTensor
+    reduced = {k: _reduced(v) for k, v in tensors.items()}
     try:
         path.mkdir(parents=True, exist_ok=True)
         arrays: dict[str, np.ndarray] = {}
-        for k, v in tensors.items():
+        for k, v in reduced.items():
             mine = boxes[k][0]
-            v = _reduced(v)  # every rank (a collective for Partial DTensors)
             if mine is None or writers.get((k, mine)) != world.rank:
                 continue
             arr = _local_numpy(v)
@@ -391,6 +393,7 @@ def load(
     world.agree(error)
     assert index is not None
     bufs: dict[str, Any] = {}
+    values: dict[str, Any] = {}
     partials: dict = {}
     error = None
     try:
@@ -398,6 +401,8 @@ def load(
             for k, v in flat.items():
                 if _is_tensor(v):
                     bufs[k] = _read(k, v, index, files, partials)
+                else:
+                    values[k] = decode_object(k, index.objects[k], path / INDEX_NAME)
     except CheckpointError as e:
         error = str(e)
     except Exception as e:
@@ -413,4 +418,4 @@ def load(
         if _is_tensor(v):
             _commit(v, bufs[k], index.tensors[k].dtype)
         else:
-            set_element(state_dict, paths[k], decode_object(k, index.objects[k], path / INDEX_NAME))
+            set_element(state_dict, paths[k], values[k])
