@@ -5,9 +5,8 @@ the same for platforms without DCP (MindSpore): every rank computes the same pla
 the boxes every rank holds (one all-gather of small metadata, which also finds the
 replicas of a DTensor that lives on a sub-mesh).
 
-* :func:`chunk_of`: the global box of the shard a mesh coordinate holds (``torch.chunk``
-  layout, left-to-right nesting of mesh dims; ``Partial`` mesh dims hold whole values,
-  reduced before saving).
+* :func:`chunk_of`: the global box of the shard a mesh coordinate holds (the spec's own
+  ``torch.chunk`` layout; ``Partial`` mesh dims hold whole values, reduced before saving).
 * :func:`holders`: every box of one spec and the ranks of its mesh holding it.
 * :func:`assign_writers`: one writer per distinct box among the ranks holding it (its
   replicas), balancing bytes greedily, deterministic, like DCP's ``dedup_save_plans``.
@@ -24,7 +23,7 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ..spec import DTensorSpec, compute_local_shape_and_offset
+from ..spec import DTensorSpec
 
 __all__ = ["Chunk", "chunk_of", "holders", "assign_writers", "read_boxes", "Read"]
 
@@ -42,9 +41,7 @@ class Chunk(NamedTuple):
 
 def chunk_of(spec: DTensorSpec, coordinate: Sequence[int]) -> Chunk | None:
     """The box held at mesh ``coordinate``; None for an empty shard of a non-empty tensor."""
-    sizes, offsets = compute_local_shape_and_offset(
-        spec.shape, spec.mesh.shape, spec.placements, coordinate
-    )
+    sizes, offsets = spec.local_shape_and_offset(tuple(coordinate))
     if spec.ndim and 0 in sizes and 0 not in spec.shape:
         return None
     return Chunk(tuple(offsets), tuple(sizes))
