@@ -184,7 +184,6 @@ class Layout:
     impl: Callable | None = None
     overrides: dict[str, Any] | None = None
     cost: float = 0.0
-    out_dtypes: Sequence[Any] | None = None
 
 
 # ---------------------------------------------------------------------- the op
