@@ -107,15 +107,34 @@ def _rank_files(d: str, rank: int) -> int:
     )
 
 
+def _round(api: str, sd: dict, d: str, rank: int) -> tuple[float, float, int]:
+    """Save ``sd`` to ``d``, zero its tensors, load it back: (save s, load s, bytes this
+    rank wrote)."""
+    import torch.distributed.checkpoint as dcp
+
+    import hyper_shard.checkpoint as hc
+
+    box: dict[str, int] = {}
+    if api == "dcp":
+        ts = _timed(lambda: dcp.save(sd, checkpoint_id=d))
+        box["n"] = _rank_files(d, rank)
+    else:
+        ts = _timed(lambda: box.setdefault("n", hc.save(sd, d)))
+    with torch.no_grad():
+        for t in _tensors(sd):
+            t.zero_()
+    if api == "dcp":
+        tl = _timed(lambda: dcp.load(sd, checkpoint_id=d))
+    else:
+        tl = _timed(lambda: hc.load(sd, d))
+    return ts, tl, box["n"]
+
+
 def _worker(rank: int, world: int, port: int, reps: int, root: str, out: Any) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
-    import torch.distributed.checkpoint as dcp
-
-    import hyper_shard.checkpoint as hc
-
     results = {}
     for cname, argv in CONFIGS.items():
         sds = _models(argv)
@@ -136,21 +155,7 @@ def _worker(rank: int, world: int, port: int, reps: int, root: str, out: Any) ->
                 if rank == 0 and os.path.exists(d):
                     shutil.rmtree(d)
                 dist.barrier()
-                if api == "dcp":
-                    ts = _timed(lambda: dcp.save(sd, checkpoint_id=d))
-                    written[kind] = _rank_files(d, rank)
-                    with torch.no_grad():
-                        for t in _tensors(sd):
-                            t.zero_()
-                    tl = _timed(lambda: dcp.load(sd, checkpoint_id=d))
-                else:
-                    box: dict[str, int] = {}
-                    ts = _timed(lambda: box.setdefault("n", hc.save(sd, d)))
-                    written[kind] = box["n"]
-                    with torch.no_grad():
-                        for t in _tensors(sd):
-                            t.zero_()
-                    tl = _timed(lambda: hc.load(sd, d))
+                ts, tl, written[kind] = _round(api, sd, d, rank)
                 for a, b in zip(_tensors(sd), ref[lib]):
                     if not torch.equal(_full(a), b):
                         raise SystemExit(f"{kind}: a loaded tensor differs from the saved one")
