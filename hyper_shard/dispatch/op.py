@@ -33,6 +33,7 @@ from ..redistribute.planner import Plan, cost_model_for, plan_redistribute
 from ..registry.models import RuleParams
 from ..spec import DTensorSpec, TensorMeta, contiguous_stride
 from .search import SingleDimStrategy, search_strategy
+from .views import ViewCopySpec
 
 __all__ = [
     "DistributedOp",
@@ -176,6 +177,8 @@ class Layout:
         overrides: canonical arg name -> rank-local value to pass instead (e.g. a view's
             local shape, a scalar zeroed on non-zero coordinates).
         cost: modelled redistribution cost (seconds).
+        view: a :class:`~hyper_shard.dispatch.views.ViewOf` when the outputs are views of
+            the first DTensor input (as the framework's op returns views), else None.
     """
 
     inputs: Sequence[tuple[Placement, ...] | None]
@@ -184,6 +187,7 @@ class Layout:
     impl: Callable | None = None
     overrides: dict[str, Any] | None = None
     cost: float = 0.0
+    view: Any = None
 
 
 # ---------------------------------------------------------------------- the op
@@ -300,6 +304,7 @@ class Decision:
         "mesh",
         "cost",
         "layout",
+        "view",
     )
 
     def __init__(self, call: OpCall, layout: Layout) -> None:
@@ -322,8 +327,15 @@ class Decision:
         self.impl = layout.impl
         self.overrides = layout.overrides
         self.inplace = call.inplace
-        #: nothing to move, no rank-local override, not in place: the hot path runs it
-        self.direct = not self.needs_redist and not self.overrides and not self.inplace
+        self.view = layout.view
+        #: nothing to move, no rank-local override, not in place, no copied-view input
+        #: (see :mod:`hyper_shard.dispatch.views`): the hot path runs it
+        self.direct = (
+            not self.needs_redist
+            and not self.overrides
+            and not self.inplace
+            and not any(type(s) is ViewCopySpec for s in call.specs)
+        )
         #: (output index, dtype) -> output spec, made by :meth:`out_spec` on first use
         self.out_specs: dict[tuple[int, Any], DTensorSpec] = {}
         if call.inplace and self.outputs and self.outputs[0] is not None:
