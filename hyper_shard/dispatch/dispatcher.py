@@ -37,7 +37,7 @@ from ..redistribute.executor import redistribute_with_plan
 from . import switches
 from .op import BoundOp, Decision, OpCall, fmt_placements
 from .plain import describe, find_dtensors, replicate_plain
-from .views import ViewCopySpec, link_views, write_back
+from .views import link_views, write_back
 
 __all__ = ["Dispatcher", "config", "cache_info", "clear_cache"]
 
@@ -207,13 +207,12 @@ class Dispatcher:
         if dec.inplace:
             target = dts[0]  # the target (first DTensor input, positional or keyword)
             self.run_local(dec.impl or func, args, kwargs)
-            if type(target._spec) is ViewCopySpec:
+            if dec.writes_back:
                 write_back(target, self)
             return target
         out = self.run_wrap(dec.impl or func, args, kwargs, dec)
-        if dec.view is not None and self.platform.view_semantics:
-            moved = dec.targets[0] is not None
-            link_views(out, dts, moved, dec.view, func, call_args, call_kwargs)
+        if dec.link_views:
+            link_views(out, dts, dec.targets[0] is not None, dec.view, func, call_args, call_kwargs)
         return out
 
     def _check_local_shapes(self, bound: BoundOp, func: Any, out: Any, key: tuple) -> None:

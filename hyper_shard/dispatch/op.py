@@ -305,6 +305,8 @@ class Decision:
         "cost",
         "layout",
         "view",
+        "link_views",
+        "writes_back",
     )
 
     def __init__(self, call: OpCall, layout: Layout) -> None:
@@ -328,6 +330,15 @@ class Decision:
         self.overrides = layout.overrides
         self.inplace = call.inplace
         self.view = layout.view
+        copied_input = bool(call.specs) and type(call.specs[0]) is ViewCopySpec
+        #: the outputs are copied views, or views of one, to link to their base
+        self.link_views = (
+            layout.view is not None
+            and getattr(call.platform, "view_semantics", False)
+            and (copied_input or (bool(self.targets) and self.targets[0] is not None))
+        )
+        #: an in-place op on a copied view: written back to its base after it runs
+        self.writes_back = call.inplace and copied_input
         #: nothing to move, no rank-local override, not in place, no copied-view input
         #: (see :mod:`hyper_shard.dispatch.views`): the hot path runs it
         self.direct = (
