@@ -57,3 +57,5 @@ _.finish
 _.storage_meta
 _.read_metadata
 _.read_data
+
+_.as_dict  # flight Record.as_dict(): for users' logs (hyper_shard.debug.recent_ops)
