@@ -7,6 +7,10 @@ always positional where the Primitive has a signature (``mint.sum(x, dim=1)`` ar
 Primitive's argument order differs from the torch one the entry gives a
 ``mindspore_signature``.
 
+A name with a module path (``mindspore.ops.cross_entropy``) binds a Python-level function
+instead (:mod:`hyper_shard.platform.mindspore.functions`): calls with a DTensor argument are
+dispatched as one op, so a composite loss or dropout reaches its rule whole.
+
 Legacy Primitives (``ops.ReduceSum()``, ``x[0:2]``'s ``StridedSlice``, ``ops.gather``)
 arrive as ``(prim, "Name", (inputs...))``: they are unpacked, so a rule sees the inputs
 as positional arguments, and packed again for the local call.
@@ -106,9 +110,14 @@ def _known_primitive(name: str) -> bool:
     if name in PSEUDO_PRIMITIVES:
         return True
     import mindspore.ops.auto_generate.gen_ops_prim as gen
+    import mindspore.ops.functional as functional
     import mindspore.ops.operations as legacy
+    from mindspore.ops.primitive import Primitive
 
-    return hasattr(gen, name) or hasattr(legacy, name)
+    if hasattr(gen, name) or hasattr(legacy, name):
+        return True
+    # functional Primitive instances such as ``typeof`` (its name is the attribute's)
+    return isinstance(getattr(functional, name, None), Primitive)
 
 
 def build_ms_table(reg: Registry) -> dict[str, BoundOp]:
@@ -124,9 +133,20 @@ def build_ms_table(reg: Registry) -> dict[str, BoundOp]:
 
     _DT = MindSporeDTensor
     table: dict[str, BoundOp] = {}
+    functions: list[str] = []
     for e in reg.entries.values():
         for n in e.mindspore:
-            if not _known_primitive(n):
+            if "." in n:  # a Python-level function (hyper_shard/platform/mindspore/functions.py)
+                from .functions import resolve
+
+                if resolve(n) is None:
+                    raise OpSpecError(
+                        f"{e.file}: entry {e.name!r}, field 'mindspore': {n!r} is not an "
+                        f"importable function (a dotted name binds a Python-level function, "
+                        f"e.g. mindspore.ops.cross_entropy)"
+                    )
+                functions.append(n)
+            elif not _known_primitive(n):
                 raise OpSpecError(
                     f"{e.file}: entry {e.name!r}, field 'mindspore': {n!r} is not a MindSpore "
                     f"Primitive (mindspore.ops.auto_generate.gen_ops_prim / ops.operations); "
@@ -142,7 +162,17 @@ def build_ms_table(reg: Registry) -> dict[str, BoundOp]:
                 platform="mindspore",
                 dt_type=MindSporeDTensor,
             )
+    if functions:
+        from .functions import install
+
+        install(functions, MindSporeDTensor)
     return table
+
+
+def bind() -> None:
+    """Build the binding table now (and wrap the bound Python-level functions), so the
+    first call of a bound function on a DTensor already dispatches as one op."""
+    _lookup(getitem_call)
 
 
 _TABLE: dict[str, BoundOp] = {}  # Primitive name -> BoundOp; emptied on registry reload
