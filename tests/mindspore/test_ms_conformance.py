@@ -15,37 +15,24 @@ a registered Primitive without a sample fails the test, so new bindings get one.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.mindspore._samples import FWD_TOL, Sample, transformer_samples
+from tests.mindspore._samples import rs as _rs
+
 pytestmark = [pytest.mark.mindspore, pytest.mark.multiproc]
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "op_coverage_mindspore.md"
-FWD_TOL, GRAD_TOL = 1e-5, 1e-4
+GRAD_TOL = 1e-4
 #: failures shared with torch that need a core change (reported; listed in the doc as such)
 KNOWN_CORE: dict[str, str] = {}
-
-
-@dataclass
-class Sample:
-    """``fn(*dtensors)`` on inputs made from ``inputs`` (global numpy values)."""
-
-    desc: str
-    fn: Callable[..., Any]
-    inputs: list[np.ndarray]
-    grad: tuple[int, ...] | None = None  # input positions differentiated (None: all float)
-    partial: list[bool] = field(default_factory=list)  # Partial placements allowed per input
-    tol: float = FWD_TOL
-
-
-def _rs(seed: int, *shape: int) -> np.ndarray:
-    return np.random.RandomState(seed).randn(*shape).astype(np.float32)
 
 
 def samples() -> dict[str, list[Sample]]:
@@ -275,10 +262,10 @@ def samples() -> dict[str, list[Sample]]:
     }
 
 
-def _placements(x: np.ndarray, partial: bool) -> list:
+def _placements(x: np.ndarray, partial: bool, dims: tuple[int, ...] | None = None) -> list:
     from hyper_shard import Partial, Replicate, Shard
 
-    out: list = [Shard(d) for d in range(x.ndim)] + [Replicate()]
+    out: list = [Shard(d) for d in (range(x.ndim) if dims is None else dims)] + [Replicate()]
     if partial and x.dtype.kind == "f":
         out.append(Partial())
     return out
@@ -286,8 +273,6 @@ def _placements(x: np.ndarray, partial: bool) -> list:
 
 def _run_sample(sample: Sample, mesh: Any) -> dict:
     """Every placement combination of one sample: worst forward/gradient errors, errors."""
-    import itertools
-
     import mindspore as ms
     from mindspore import Tensor
 
@@ -303,6 +288,8 @@ def _run_sample(sample: Sample, mesh: Any) -> dict:
         grad_pos = tuple(i for i, x in enumerate(sample.inputs) if x.dtype.kind == "f")
     try:
         ref = sample.fn(*[Tensor(x) for x in sample.inputs])
+        if sample.value:
+            return _run_value_sample(sample, mesh, ref)
         refs = [r.asnumpy() for r in (ref if isinstance(ref, (tuple, list)) else [ref])]
     except Exception as e:  # plain MindSpore fails too (no CPU kernel)
         return {"status": "plain-fails", "msg": str(e).splitlines()[0][:160]}
@@ -317,8 +304,10 @@ def _run_sample(sample: Sample, mesh: Any) -> dict:
         g = ms.grad(ref_loss, grad_position=grad_pos)(*[Tensor(x) for x in sample.inputs])
         gref = [x.asnumpy() for x in (g if isinstance(g, tuple) else (g,))]
     partial = sample.partial or [True] * len(sample.inputs)
+    dims = sample.shard_dims or [None] * len(sample.inputs)
     res: dict = {"combos": 0, "fwd": 0.0, "grad": 0.0, "bad": [], "errors": []}
-    for combo in itertools.product(*[_placements(x, p) for x, p in zip(sample.inputs, partial)]):
+    choices = [_placements(x, p, d) for x, p, d in zip(sample.inputs, partial, dims)]
+    for combo in itertools.product(*choices):
         res["combos"] += 1
         name = "(" + ", ".join(str(p) for p in combo) + ")"
         try:
@@ -353,12 +342,30 @@ def _run_sample(sample: Sample, mesh: Any) -> dict:
     return res
 
 
+def _run_value_sample(sample: Sample, mesh: Any, ref: Any) -> dict:
+    """A sample whose output is a python value (a type, a flag): equal as strings."""
+    from tests.mindspore._ms_helpers import dt_from_numpy
+
+    res: dict = {"combos": 0, "fwd": 0.0, "grad": 0.0, "bad": [], "errors": []}
+    for combo in itertools.product(*[_placements(x, False) for x in sample.inputs]):
+        res["combos"] += 1
+        try:
+            dts = [dt_from_numpy(x, mesh, [p]) for x, p in zip(sample.inputs, combo)]
+            got = sample.fn(*dts)
+        except Exception as e:
+            res["errors"].append(f"{combo}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            continue
+        if str(got) != str(ref):
+            res["bad"].append(f"{combo}: {got!r} != {ref!r}")
+    return res
+
+
 def check_conformance(rank: int, world: int) -> dict:
     from hyper_shard.registry.registry import get_registry
     from tests.mindspore._ms_helpers import mesh_1d
 
     mesh = mesh_1d(world)
-    table = samples()
+    table = {**samples(), **transformer_samples()}
     out: dict = {}
     for prim, entry in sorted(get_registry().names("mindspore").items()):
         row: dict = {"entry": entry.name, "file": os.path.basename(str(entry.file)), "samples": []}
@@ -449,7 +456,7 @@ def test_conformance(ms2):
     import time
 
     t0 = time.time()
-    res = ms2.run(check_conformance, timeout=240)
+    res = ms2.run(check_conformance, timeout=600)
     assert res[0] == res[1]  # both ranks computed the same global values
     out = res[0]
     _write_doc(out, time.time() - t0)

@@ -70,6 +70,8 @@ getitem_call = _PseudoPrimitive("__getitem__", Tensor.__getitem__)
 #: ``dt[index] = value``: as ``Tensor.__setitem__`` (in place on ``input``)
 setitem_call = _PseudoPrimitive("__setitem__", _setitem)
 PSEUDO_PRIMITIVES = frozenset({"__getitem__", "__setitem__"})
+#: in-place Primitives whose name does not start with ``Inplace`` (they write ``args[0]``)
+INPLACE_NAMES = frozenset({"__setitem__", "Assign", "AssignAdd", "AssignSub"})
 
 #: Primitive -> what to use instead, for kernels MindSpore 2.10 lacks on CPU
 MISSING_KERNEL_HINTS = {
@@ -117,7 +119,14 @@ def _known_primitive(name: str) -> bool:
     if hasattr(gen, name) or hasattr(legacy, name):
         return True
     # functional Primitive instances such as ``typeof`` (its name is the attribute's)
-    return isinstance(getattr(functional, name, None), Primitive)
+    if isinstance(getattr(functional, name, None), Primitive):
+        return True
+    # C++-only Tensor-method overloads (``DeprecatedSum`` for ``Tensor.sum(axis=...)``)
+    from mindspore.ops.auto_generate.cpp_create_prim_instance_helper import (
+        op_args_default_value,
+    )
+
+    return name in op_args_default_value
 
 
 def build_ms_table(reg: Registry) -> dict[str, BoundOp]:
@@ -149,13 +158,14 @@ def build_ms_table(reg: Registry) -> dict[str, BoundOp]:
             elif not _known_primitive(n):
                 raise OpSpecError(
                     f"{e.file}: entry {e.name!r}, field 'mindspore': {n!r} is not a MindSpore "
-                    f"Primitive (mindspore.ops.auto_generate.gen_ops_prim / ops.operations); "
+                    f"Primitive (mindspore.ops.auto_generate.gen_ops_prim / ops.operations / a "
+                    f"Tensor-method overload); "
                     f"print func.name in a Tensor subclass's __fallback__ to find the name"
                 )
             table[n] = BoundOp(
                 e.op,
                 n,
-                inplace=n.startswith("Inplace") or n == "__setitem__",
+                inplace=n.startswith("Inplace") or n in INPLACE_NAMES,
                 reflected=False,
                 is_dtensor=_is_dtensor,
                 tensor_type=Tensor,
@@ -228,7 +238,7 @@ def _run_local(fn: Any, args: tuple, kwargs: dict) -> Any:
     # an in-place Primitive, __setitem__, or a rule's local implementation may write into
     # the first argument's alias: watch it, so the write reaches the DTensor itself
     watch = target is not None and (
-        name is None or name == "__setitem__" or name.startswith("Inplace")
+        name is None or name in INPLACE_NAMES or name.startswith("Inplace")
     )
     before = plain[0].data_ptr() if watch else 0
     with NoFallbackGuard():
