@@ -323,7 +323,7 @@ class TransposedMatmulOp(EinsumOp):
     are static arguments (part of the cache key)."""
 
     Params = _TransposedMatmulParams  # type: ignore[assignment]
-    signature = ("input", "other", "transpose_a", "transpose_b")
+    signature = ("input", "other", "transpose_a", "transpose_b")  # type: ignore[assignment]
     static_args = ("transpose_a", "transpose_b")
 
     def equation(self, call: OpCall) -> Equation:

@@ -136,7 +136,7 @@ class AxisLayerNormOp(NormOp):
             leading dim would mix shards with statistics), or shapes that do not match.
     """
 
-    signature = ("input", "gamma", "beta", "begin_norm_axis", "begin_params_axis", "epsilon")
+    signature = ("input", "gamma", "beta", "begin_norm_axis", "begin_params_axis", "epsilon")  # type: ignore[assignment]
     static_args = ("begin_norm_axis", "begin_params_axis")
     n_outputs = 3
 
