@@ -232,9 +232,9 @@ def check_world_of_one(rank: int, world: int) -> dict:
         return (a * a).sum()
 
     _, g = value_and_grad(f)(d)
-    from hyper_shard.platform.select import platform_for_device
-
     import sys
+
+    from hyper_shard.platform.select import platform_for_device
 
     saved = sys.modules.pop("torch", None)  # as in a MindSpore-only program
     try:  # only MindSpore imported, no communication: "cpu" is ambiguous
