@@ -36,6 +36,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..errors import OpSpecError
+from . import hyper_parallel
 from .models import ENTRY_FIELDS, KIND_FIELDS, OpEntry, RuleParams
 
 if TYPE_CHECKING:
@@ -405,6 +406,8 @@ def _params_model(cls: type[DistributedOp]) -> type[BaseModel]:
 
 
 def _build_op(file: str, name: str, entry: OpEntry, from_default: set[str]) -> Any:
+    if (hp := hyper_parallel.build(file, name, entry)) is not None:  # its built-in classes
+        return hp
     cls, what = _op_class(file, name, entry)
     params = entry.rule_params()
     pmodel = _params_model(cls)
@@ -549,7 +552,7 @@ def load_file(path: str | Path) -> list[LoadedEntry]:
             raise OpSpecError(
                 f"{file}: entry names must be non-empty strings, got {name!r}; quote it"
             )
-        if name.startswith("__") and name.endswith("__") and "." not in name:
+        if hyper_parallel.special_name(name, body, default):  # __invert__ as an op name
             raise _err(
                 file,
                 name,
@@ -623,7 +626,7 @@ def load_all(extra_dirs: Iterable[str | Path] = ()) -> list[LoadedEntry]:
         if rd in seen_dirs:
             continue
         seen_dirs.add(rd)
-        for le in load_dir(d):
+        for le in hyper_parallel.merge(load_dir(d), by_name):  # yields to earlier entries
             prev = by_name.get(le.name)
             if prev is not None and not le.entry.override:
                 raise OpSpecError(

@@ -182,3 +182,54 @@ class AxisLayerNormOp(NormOp):
         shape = tuple(call.specs[i].shape)
         stat = shape[:bn] + (1,) * (nd - bn)
         return [shape, stat, stat]
+
+
+@register_rule("rms_norm_gamma")
+class GammaRmsNormOp(NormOp):
+    """MindSpore's ``RmsNorm`` Primitive (``ops.rms_norm(x, gamma, epsilon)``): the trailing
+    ``gamma.ndim`` dims of ``x`` are normalised. Two outputs: ``y`` (``x``'s shape) and
+    ``rstd`` (``x``'s shape with the normalised dims of size 1); both keep the input's
+    shards of the leading dims.
+
+    Raises:
+        ShardingError: ``gamma`` is not a DTensor, or its shape is not ``x``'s trailing dims.
+    """
+
+    signature = ("input", "gamma", "epsilon")  # type: ignore[assignment]
+    n_outputs = 2
+
+    def __init__(self, name: str, params: Any = None) -> None:
+        super().__init__(name, params)
+        self.static_names = ()
+
+    def _k(self, call: OpCall) -> tuple[int, int]:
+        roles = call.arg_roles
+        if "input" not in roles or "gamma" not in roles:
+            raise ShardingError(
+                f"{call.describe()}: {self.name} needs input and gamma as DTensors (distribute "
+                f"gamma as Replicate())"
+            )
+        i, g = roles.index("input"), roles.index("gamma")
+        x, gs = call.specs[i].shape, call.specs[g].shape
+        k = len(gs)
+        if k > len(x) or tuple(x[len(x) - k :]) != tuple(gs):
+            raise ShardingError(
+                f"{call.describe()}: gamma of shape {list(gs)} must be the input's trailing "
+                f"dims (input {list(x)})"
+            )
+        return i, k
+
+    def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
+        i, k = self._k(call)
+        n = len(call.specs)
+        out: list[SingleDimStrategy] = []
+        for d in range(call.specs[i].ndim - k):
+            ins: list[Placement] = [R] * n
+            ins[i] = Shard(d)
+            out.append(((Shard(d), Shard(d)), tuple(ins)))
+        return out
+
+    def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
+        i, k = self._k(call)
+        shape = tuple(call.specs[i].shape)
+        return [shape, shape[: len(shape) - k] + (1,) * k]
