@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .mesh import DeviceMesh
 from .placement import Partial, Placement, Replicate, Shard, grad_placement, normalize_placements
-from .redistribute.executor import execute_plan
+from .redistribute.executor import execute_plan, redistribute_with_plan
 from .redistribute.planner import plan_redistribute
 from .spec import DTensorSpec, TensorMeta, chunk_sizes, contiguous_stride
 
@@ -262,8 +262,6 @@ class DTensor:
         if backward_dtype is None:
             local = redistribute_local(plat, local, spec, dst)
         else:
-            from .dispatch.dispatcher import redistribute_with_plan
-
             plan = plan_redistribute(spec, dst.placements)
             local = redistribute_with_plan(plat, local, spec, plan, backward_dtype)
         return plat.wrap(local, dst)
@@ -285,8 +283,6 @@ def _format(dt: Any) -> str:
 # ---------------------------------------------------------------------- helpers
 def redistribute_local(plat: Platform, local: Any, src: DTensorSpec, dst: DTensorSpec) -> Any:
     """Redistribute a local shard from ``src`` to ``dst`` placements (autograd-aware)."""
-    from .dispatch.dispatcher import redistribute_with_plan
-
     plan = plan_redistribute(src, dst.placements)
     if not plan.steps:
         return local

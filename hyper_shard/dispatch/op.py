@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 
 from ..errors import ShardingError
-from ..placement import Partial, Placement
+from ..placement import Placement
 from ..redistribute.planner import Plan, cost_model_for, plan_redistribute
 from ..registry.models import RuleParams
 from ..spec import DTensorSpec, TensorMeta, contiguous_stride
@@ -184,7 +184,6 @@ class Layout:
     impl: Callable | None = None
     overrides: dict[str, Any] | None = None
     cost: float = 0.0
-    out_dtypes: Sequence[Any] | None = None
 
 
 # ---------------------------------------------------------------------- the op
@@ -268,11 +267,11 @@ class DistributedOp:
             res = search_strategy(
                 call.specs, strategies, self.n_outputs, cm, fixed=fixed, accept=accept
             )
-        except ValueError:
+        except ValueError as e:
             raise ShardingError(
                 f"{call.describe()}: no sharding strategy keeps the in-place target's placements; "
                 f"redistribute it first, or use the out-of-place op"
-            ) from None
+            ) from e
         layout = Layout(
             list(res.inputs), list(res.outputs), self.output_shapes(call), cost=res.cost
         )
@@ -296,7 +295,8 @@ class Decision:
         "impl",
         "overrides",
         "inplace",
-        "_specs",
+        "direct",
+        "out_specs",
         "mesh",
         "cost",
         "layout",
@@ -322,7 +322,10 @@ class Decision:
         self.impl = layout.impl
         self.overrides = layout.overrides
         self.inplace = call.inplace
-        self._specs: dict[tuple[int, Any], DTensorSpec] = {}
+        #: nothing to move, no rank-local override, not in place: the hot path runs it
+        self.direct = not self.needs_redist and not self.overrides and not self.inplace
+        #: (output index, dtype) -> output spec, made by :meth:`out_spec` on first use
+        self.out_specs: dict[tuple[int, Any], DTensorSpec] = {}
         if call.inplace and self.outputs and self.outputs[0] is not None:
             if self.outputs[0] != call.specs[0].placements or (
                 self.shapes[0] is not None and tuple(self.shapes[0]) != call.specs[0].shape
@@ -334,8 +337,10 @@ class Decision:
                 )
 
     def out_spec(self, i: int, dtype: Any, itemsize: int) -> DTensorSpec:
+        """The spec of output ``i`` for a local result of ``dtype`` (made once, then kept in
+        :attr:`out_specs`)."""
         key = (i, dtype)
-        spec = self._specs.get(key)
+        spec = self.out_specs.get(key)
         if spec is None:
             shape = self.shapes[i]
             pl = self.outputs[i]
@@ -343,7 +348,7 @@ class Decision:
             spec = DTensorSpec(
                 self.mesh, pl, TensorMeta(tuple(shape), contiguous_stride(shape), dtype, itemsize)
             )
-            self._specs[key] = spec
+            self.out_specs[key] = spec
         return spec
 
 
@@ -486,9 +491,3 @@ def _hashable(v: Any) -> Any:
     except TypeError:
         return repr(v)
     return v
-
-
-# ---------------------------------------------------------------------- helpers for rules
-def is_linear_partial(p: Placement) -> bool:
-    """Partial(sum) or Partial(avg): values a linear op may keep partial."""
-    return type(p) is Partial and p.reduce_op in ("sum", "avg")

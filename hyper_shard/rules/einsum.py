@@ -305,7 +305,7 @@ class EinsumCallOp(EinsumOp):
         try:
             return torch_einsum_equation(eq)
         except ValueError as e:
-            raise ShardingError(f"{call.describe()}: {e}") from None
+            raise ShardingError(f"{call.describe()}: {e}") from e
 
 
 class _TransposedMatmulParams(RuleParams):

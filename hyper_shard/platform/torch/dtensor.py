@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from ...dtensor import DTensor, local_derivative, redistribute_local
+from ...dtensor import DTensor, local_derivative
 from ...placement import Partial, Replicate, grad_placement
 from ...spec import DTensorSpec
 
@@ -540,13 +540,6 @@ def _full_then(method: Any) -> Callable:
 
 for _m in (T.item, T.tolist, T.__bool__, T.__float__, T.__int__, T.__index__, T.numpy, T.__array__):
     PROTOCOL_HANDLERS[_m] = _full_then(_m)
-
-
-def redistribute_dtensor(dt: Any, placements: Any) -> Any:
-    """Redistribute ``dt`` (used by the dispatcher)."""
-    spec = dt._spec
-    dst = spec.with_placements(placements)
-    return wrap(redistribute_local(spec.mesh.platform, _local(dt), spec, dst), dst)
 
 
 from . import dispatch as _dm  # noqa: E402  (dispatch imports this module's class)
