@@ -26,6 +26,7 @@ from typing import Any
 
 from mindspore import Parameter, Tensor, ops
 from mindspore._c_expression import NoFallbackGuard
+from mindspore._c_expression import OpCall as _OpCall
 
 from ...dispatch.dispatcher import Dispatcher
 from ...dispatch.op import BoundOp, Decision, fmt_placements
@@ -104,9 +105,12 @@ class _LegacyCall:
 
 
 def _is_dtensor(x: Any) -> bool:
-    from .dtensor import MindSporeDTensor
+    dt = _DT
+    if dt is None:  # before the table is built (dtensor imports this module)
+        from .dtensor import MindSporeDTensor
 
-    return isinstance(x, MindSporeDTensor)
+        dt = MindSporeDTensor
+    return isinstance(x, dt)
 
 
 def _known_primitive(name: str) -> bool:
@@ -291,9 +295,14 @@ def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
     result as an alias DTensor. The Primitive itself (no rule ``impl``, not a pseudo
     Primitive) runs straight; the others through :func:`_run_local`, which watches writes
     into the first argument."""
-    if dec.impl is None and type(fn) is not _Pseudo:
-        # plain aliases: some "Primitives" are Python-level Tensor methods (Narrow is
-        # deprecated_tensor_narrow) that would read a DTensor's global shape
+    tf = type(fn)
+    if dec.impl is None and tf is _OpCall:
+        # a C++ Primitive (mint.*): it reads the DTensors' local storage itself, no aliases
+        with NoFallbackGuard():
+            out = fn(*args, **kwargs) if kwargs else fn(*args)
+    elif dec.impl is None and tf is not _Pseudo:
+        # plain aliases: some Tensor-method overloads are Python-level (Narrow is
+        # deprecated_tensor_narrow) and would read a DTensor's global shape
         plain = [_plain(a) for a in args]
         with NoFallbackGuard():
             out = fn(*plain, **{k: _plain(v) for k, v in kwargs.items()}) if kwargs else fn(*plain)
