@@ -324,6 +324,8 @@ def transformer_samples() -> dict[str, list[Sample]]:
         # -- views and tensor ops
         "Split": [S("ops.chunk(a, 2, 1)", lambda a: ops.chunk(a, 2, 1), A)],
         "SplitWithSizeView": [S("mint.split(a, [2, 3])", lambda a: mint.split(a, [2, 3]), A)],
+        "SplitTensor": [S("a.split(2, 1)", lambda a: a.split(2, 1), A)],
+        "SplitWithSize": [S("a.split([1, 4], 0)", lambda a: a.split([1, 4], 0), A)],
         "ChunkView": [S("mint.chunk(a, 2)", lambda a: mint.chunk(a, 2), A)],
         # plain MindSpore's backward of these views fails on CPU: forward only
         "SelectExtView": [
@@ -421,6 +423,43 @@ def transformer_samples() -> dict[str, list[Sample]]:
                 partial=[False, False, False],
             ),
         ],
+        # -- MindSpore 1.x Tensor-method forms (C++ overloads named Deprecated*)
+        "DeprecatedCumsum": [S("a.cumsum(axis=1)", lambda a: a.cumsum(axis=1), A)],
+        "DeprecatedChunk": [
+            S("a.chunk(2, axis=1)", lambda a: a.chunk(2, axis=1), A),
+            S("a.chunk(3, 0)", lambda a: a.chunk(3, 0), A),
+        ],
+        "DeprecatedSplit": [
+            S("a.split(2, axis=1)", lambda a: a.split(2, axis=1), A),
+            S("a.split([1, 4], 0)", lambda a: a.split([1, 4], 0), A),
+        ],
+        "DeprecatedTranspose": [S("a3.transpose((2, 0, 1))", lambda a: a.transpose((2, 0, 1)), A3)],
+        "DeprecatedArgmax": [S("a.argmax(axis=1)", lambda a: a.argmax(axis=1), A, grad=nograd)],
+        "DeprecatedArgmin": [S("a.argmin(axis=0)", lambda a: a.argmin(axis=0), A, grad=nograd)],
+        "DeprecatedNansum": [S("a.nansum(axis=1)", lambda a: a.nansum(axis=1), A)],
+        "DeprecatedReduceAny": [
+            S("c.any(axis=1)", lambda c: c.any(axis=1), C, grad=nograd, partial=[False])
+        ],
+        "DeprecatedProd": [S("a.prod(1)", lambda a: a.prod(1), A)],
+        "DeprecatedRepeatInterleave": [
+            S("a.repeat_interleave(2, dim=0)", lambda a: a.repeat_interleave(2, dim=0), A)
+        ],
+        "DeprecatedGather": [
+            S("a.gather(idx, 0)", lambda a, i: a.gather(i, 0), A, np.array([1, 0, 4], np.int32))
+        ],
+        "DeprecatedStd": [S("a.std(axis=1)", lambda a: a.std(axis=1), A)],
+        "DeprecatedVar": [S("a.var(axis=0, ddof=1)", lambda a: a.var(axis=0, ddof=1), A)],
+        "TrilExt": [S("a.tril(-1)", lambda a: a.tril(-1), A)],
+        "SortExt": [S("a.sort(1)", lambda a: a.sort(1), A)],
+        "LogSumExp": [S("a.logsumexp(1)", lambda a: a.logsumexp(1), A)],
+        "NewOnes": [S("a.new_ones((2, 3))", lambda a: a.new_ones((2, 3)), A, grad=nograd)],
+        "NewZeros": [S("a.new_zeros(a.shape)", lambda a: a.new_zeros((5, 4)), A, grad=nograd)],
+        "SquaredDifference": [
+            S("ops.SquaredDifference()(a, b)", lambda a, b: ops.SquaredDifference()(a, b), A, B)
+        ],
+        # plain MindSpore's Cummax backward fails on CPU: forward only
+        "Cummax": [S("ops.cummax(a, 1)", lambda a: ops.cummax(a, 1), A, grad=nograd)],
+        "RmsNorm": [S("ops.rms_norm(a, g)", lambda a, g: ops.rms_norm(a, g), A, V)],
         "typeof": [
             S("F.typeof(a)", lambda a: ops.functional.typeof(a), A, grad=nograd, value=True)
         ],
