@@ -50,9 +50,10 @@ def test_directory_loads_and_maps_every_triple(hp_dir: Path) -> None:
             assert e.op.params == builtin[target].op.params
     # op names a built-in binds stay the built-in's: e.g. ReLU is the relu entry's
     assert reg.names("mindspore")["ReLU"].name == "relu"
-    assert reg.names("mindspore")["SplitTensor"].name == "SplitTensor"  # new: split rule
-    assert type(reg.entries["SplitTensor"].op).__name__ == "TensorOp"
-    assert reg.entries["SplitTensor"].op.params.kind == "split"
+    assert reg.names("mindspore")["SplitTensor"].name == "split"  # a built-in binds it now
+    assert reg.names("mindspore")["TopkExt"].name == "TopkExt"  # new: the topk rule
+    assert type(reg.entries["TopkExt"].op).__name__ == "TensorOp"
+    assert reg.entries["TopkExt"].op.params.kind == "topk"
     assert reg.entries["Swiglu"].op.params.kind == "glu"  # halves its axis, unlike Softmax
 
 
