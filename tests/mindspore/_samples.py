@@ -460,6 +460,35 @@ def transformer_samples() -> dict[str, list[Sample]]:
         # plain MindSpore's Cummax backward fails on CPU: forward only
         "Cummax": [S("ops.cummax(a, 1)", lambda a: ops.cummax(a, 1), A, grad=nograd)],
         "RmsNorm": [S("ops.rms_norm(a, g)", lambda a, g: ops.rms_norm(a, g), A, V)],
+        # -- Tensor methods a DTensor dispatches from Python (no C++ fallback detour)
+        "Tensor.__add__": [
+            S("a + b", lambda a, b: a + b, A, B),
+            S("a + v (broadcast)", lambda a, v: a + v, A, V),
+            S("a + 1.5", lambda a: a + 1.5, A),
+        ],
+        "Tensor.__sub__": [
+            S("a - b", lambda a, b: a - b, A, B),
+            S("a - 1.5", lambda a: a - 1.5, A),
+        ],
+        "Tensor.__mul__": [
+            S("a * b", lambda a, b: a * b, A, B),
+            S("a * 2.5", lambda a: a * 2.5, A),
+        ],
+        "Tensor.__truediv__": [
+            S("a / p", lambda a, b: a / b, A, Bp),
+            S("a / 2.0", lambda a: a / 2.0, A),
+        ],
+        "Tensor.__matmul__": [
+            S("a @ m", lambda a, m: a @ m, A, M),
+            S("a3 @ b3", lambda a, b: a @ b, A3, B3),
+        ],
+        "Tensor.__neg__": [S("-a", lambda a: -a, A)],
+        "Tensor.reshape": [
+            S("a.reshape(2, 10)", lambda a: a.reshape(2, 10), A),
+            S("a3.reshape((15, 4))", lambda a: a.reshape((15, 4)), A3),
+            S("a.reshape(-1)", lambda a: a.reshape(-1), A),
+        ],
+        "Tensor.unsqueeze": [S("a.unsqueeze(1)", lambda a: a.unsqueeze(1), A)],
         "typeof": [
             S("F.typeof(a)", lambda a: ops.functional.typeof(a), A, grad=nograd, value=True)
         ],

@@ -22,6 +22,7 @@ Primitives (``Inplace*``) write their result back into the target (on CPU, MindS
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from mindspore import Parameter, Tensor, ops
@@ -74,6 +75,61 @@ setitem_call = _PseudoPrimitive("__setitem__", _setitem)
 PSEUDO_PRIMITIVES = frozenset({"__getitem__", "__setitem__"})
 #: in-place Primitives whose name does not start with ``Inplace`` (they write ``args[0]``)
 INPLACE_NAMES = frozenset({"__setitem__", "Assign", "AssignAdd", "AssignSub"})
+
+
+class TensorMethod:
+    """A hot Tensor method a DTensor dispatches from Python (``Tensor.__add__``...): the
+    call reaches hyper_shard without MindSpore's C++ ``__fallback__`` detour, and its
+    local op is the plain Tensor method on local aliases. Entries bind it as
+    ``Tensor.<name>`` (:data:`TENSOR_METHODS`)."""
+
+    __slots__ = ("name", "fn")
+
+    def __init__(self, name: str, fn: Any) -> None:
+        self.name = name
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<TensorMethod {self.name}>"
+
+
+#: the Tensor methods MindSporeDTensor dispatches from Python (bound as ``Tensor.<name>``)
+TENSOR_METHODS = frozenset(
+    f"Tensor.{n}"
+    for n in ("__add__", "__sub__", "__mul__", "__truediv__", "__matmul__", "__neg__", "reshape", "unsqueeze")
+)  # fmt: skip
+
+
+def tensor_method(name: str) -> Any:
+    """The Python method of MindSporeDTensor for Tensor method ``name``: dispatch it as
+    ``Tensor.<name>`` when an entry binds that, else run MindSpore's own method (whose C++
+    fallback then dispatches the Primitive it picks)."""
+    fn = getattr(Tensor, name)
+    op = TensorMethod(f"Tensor.{name}", fn)
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # inside a local op that runs on the DTensors themselves (a Python-level overload
+        # such as fmod_scalar computing ``input - ...``) the method is the local one
+        if _LOCAL.depth or (op.name not in _TABLE and _lookup(op) is None):
+            return fn(self, *args, **kwargs)
+        return ms_dispatch(op, (self, *args), kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = (
+        f"As ``mindspore.Tensor.{name}`` on the global tensor (dispatched by hyper_shard)."
+    )
+    return method
+
+
+class _LocalDepth(threading.local):
+    depth = 0  # > 0 while a local op runs on DTensor arguments under NoFallbackGuard
+
+
+_LOCAL = _LocalDepth()
+
 
 #: Primitive -> what to use instead, for kernels MindSpore 2.10 lacks on CPU
 MISSING_KERNEL_HINTS = {
@@ -150,7 +206,9 @@ def build_ms_table(reg: Registry) -> dict[str, BoundOp]:
     functions: list[str] = []
     for e in reg.entries.values():
         for n in e.mindspore:
-            if "." in n:  # a Python-level function (hyper_shard/platform/mindspore/functions.py)
+            if n in TENSOR_METHODS:
+                pass  # a method MindSporeDTensor dispatches from Python
+            elif "." in n:  # a Python-level function (hyper_shard/platform/mindspore/functions.py)
                 from .functions import resolve
 
                 if resolve(n) is None:
@@ -298,8 +356,13 @@ def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
     tf = type(fn)
     if dec.impl is None and tf is _OpCall:
         # a C++ Primitive (mint.*): it reads the DTensors' local storage itself, no aliases
-        with NoFallbackGuard():
-            out = fn(*args, **kwargs) if kwargs else fn(*args)
+        # (some are Python-level overloads: their DTensor Tensor methods run locally too)
+        _LOCAL.depth += 1
+        try:
+            with NoFallbackGuard():
+                out = fn(*args, **kwargs) if kwargs else fn(*args)
+        finally:
+            _LOCAL.depth -= 1
     elif dec.impl is None and tf is not _Pseudo:
         # plain aliases: some Tensor-method overloads are Python-level (Narrow is
         # deprecated_tensor_narrow) and would read a DTensor's global shape
