@@ -37,6 +37,7 @@ from ..redistribute.executor import redistribute_with_plan
 from . import switches
 from .op import BoundOp, Decision, OpCall, fmt_placements
 from .plain import describe, find_dtensors, replicate_plain
+from .views import link_views, write_back
 
 __all__ = ["Dispatcher", "config", "cache_info", "clear_cache"]
 
@@ -193,16 +194,26 @@ class Dispatcher:
     def execute(
         self, bound: BoundOp, func: Any, args: tuple, kwargs: dict, dts: list, dec: Decision
     ) -> Any:
-        """Phase 3: redistribute the inputs a decision moves, run the local op, wrap."""
+        """Phase 3: redistribute the inputs a decision moves, run the local op, wrap.
+
+        An in-place op on a copied view is written back to its base; a view op whose
+        decision moved its input links its outputs to it (:mod:`.views`)."""
+        call_args, call_kwargs = args, kwargs
         if dec.needs_redist:
             args, kwargs = self._redistribute(args, kwargs, dts, dec)
         if dec.overrides:
             for name, value in dec.overrides.items():
                 args, kwargs = bound.binder.replace(args, kwargs, name, value)
         if dec.inplace:
+            target = dts[0]  # the target (first DTensor input, positional or keyword)
             self.run_local(dec.impl or func, args, kwargs)
-            return dts[0]  # the target (first DTensor input, positional or keyword)
-        return self.run_wrap(dec.impl or func, args, kwargs, dec)
+            if dec.writes_back:
+                write_back(target, self)
+            return target
+        out = self.run_wrap(dec.impl or func, args, kwargs, dec)
+        if dec.link_views:
+            link_views(out, dts, dec.targets[0] is not None, dec.view, func, call_args, call_kwargs)
+        return out
 
     def _check_local_shapes(self, bound: BoundOp, func: Any, out: Any, key: tuple) -> None:
         """On a decision's first run: every output's local shape must be the one its spec

@@ -33,6 +33,7 @@ from ..redistribute.planner import Plan, cost_model_for, plan_redistribute
 from ..registry.models import RuleParams
 from ..spec import DTensorSpec, TensorMeta, contiguous_stride
 from .search import SingleDimStrategy, search_strategy
+from .views import ViewCopySpec
 
 __all__ = [
     "DistributedOp",
@@ -196,6 +197,8 @@ class Layout:
         overrides: canonical arg name -> rank-local value to pass instead (e.g. a view's
             local shape, a scalar zeroed on non-zero coordinates).
         cost: modelled redistribution cost (seconds).
+        view: a :class:`~hyper_shard.dispatch.views.ViewOf` when the outputs are views of
+            the first DTensor input (as the framework's op returns views), else None.
     """
 
     inputs: Sequence[tuple[Placement, ...] | None]
@@ -204,6 +207,7 @@ class Layout:
     impl: Callable | None = None
     overrides: dict[str, Any] | None = None
     cost: float = 0.0
+    view: Any = None
 
 
 # ---------------------------------------------------------------------- the op
@@ -320,6 +324,9 @@ class Decision:
         "mesh",
         "cost",
         "layout",
+        "view",
+        "link_views",
+        "writes_back",
     )
 
     def __init__(self, call: OpCall, layout: Layout) -> None:
@@ -342,8 +349,24 @@ class Decision:
         self.impl = layout.impl
         self.overrides = layout.overrides
         self.inplace = call.inplace
-        #: nothing to move, no rank-local override, not in place: the hot path runs it
-        self.direct = not self.needs_redist and not self.overrides and not self.inplace
+        self.view = layout.view
+        copied_input = bool(call.specs) and type(call.specs[0]) is ViewCopySpec
+        #: the outputs are copied views, or views of one, to link to their base
+        self.link_views = (
+            layout.view is not None
+            and getattr(call.platform, "view_semantics", False)
+            and (copied_input or (bool(self.targets) and self.targets[0] is not None))
+        )
+        #: an in-place op on a copied view: written back to its base after it runs
+        self.writes_back = call.inplace and copied_input
+        #: nothing to move, no rank-local override, not in place, no copied-view input
+        #: (see :mod:`hyper_shard.dispatch.views`): the hot path runs it
+        self.direct = (
+            not self.needs_redist
+            and not self.overrides
+            and not self.inplace
+            and not any(type(s) is ViewCopySpec for s in call.specs)
+        )
         #: (output index, dtype) -> output spec, made by :meth:`out_spec` on first use
         self.out_specs: dict[tuple[int, Any], DTensorSpec] = {}
         if call.inplace and self.outputs and self.outputs[0] is not None:

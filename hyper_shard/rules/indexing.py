@@ -51,6 +51,7 @@ from typing import Any
 from pydantic import field_validator
 
 from ..dispatch.op import Layout, OpCall
+from ..dispatch.views import ViewOf
 from ..errors import ShardingError
 from ..placement import Partial, Placement, Shard
 from ..registry.models import RuleParams
@@ -73,6 +74,18 @@ _UNSUPPORTED_STRIDED = (
 )
 
 _KINDS = KindTable("index")
+
+
+class _Same:
+    """Output ``i`` of a basic-index view is ``base[index]`` (one output)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: Any) -> None:
+        self.index = index
+
+    def __call__(self, i: int) -> Any:
+        return self.index
 
 
 class _CheckedGetitem:
@@ -197,6 +210,8 @@ class IndexOp(PlannedOp):
                 f"x[mask] = value, or index the full tensors: x.full_tensor()[mask.full_tensor()]"
             )
         plan = self._plan_form(call, form)
+        if not form.adv:  # basic indexing (ints, slices, None, ...): a view, as in torch
+            plan.view = ViewOf(_Same(index))
         if isinstance(index, (list, tuple)) and not any(
             it.kind in ("slice", "new", "ellipsis") or it.spec is not None for it in form.items
         ):

@@ -43,6 +43,8 @@ class OpPlan:
             implementation once the placements are decided.
         fixed: inputs that may not move (default: ``self`` of an in-place call).
         accept: optional N-D check (see :func:`~hyper_shard.dispatch.search.search_strategy`).
+        view: a :class:`~hyper_shard.dispatch.views.ViewOf` when the outputs are views of
+            the first input (as torch's op returns views).
     """
 
     shapes: list[tuple[int, ...]]
@@ -50,6 +52,7 @@ class OpPlan:
     local: Callable[[Layout], Layout] | None = None
     fixed: tuple[int, ...] | None = None
     accept: Callable[[tuple, tuple], bool] | None = None
+    view: Any = None
 
 
 class PlannedOp(DistributedOp):
@@ -111,7 +114,9 @@ class PlannedOp(DistributedOp):
                 f"keeping the in-place target's placements; redistribute it first (e.g. to "
                 f"Replicate()), or use the out-of-place op"
             ) from e
-        layout = Layout(list(res.inputs), list(res.outputs), list(plan.shapes), cost=res.cost)
+        layout = Layout(
+            list(res.inputs), list(res.outputs), list(plan.shapes), cost=res.cost, view=plan.view
+        )
         return plan.local(layout) if plan.local is not None else layout
 
 

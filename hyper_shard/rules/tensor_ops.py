@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from ..dispatch.op import Layout, OpCall
+from ..dispatch.views import ViewOf
 from ..errors import ShardingError
 from ..placement import Shard
 from ..registry.models import RuleParams
@@ -153,7 +154,17 @@ class TensorOp(PlannedOp):
                 s[dim] = n
             shapes.append(tuple(s))
         keep = {d: d - (drop and d > dim) for d in range(spec.ndim) if d != dim}
-        return OpPlan(shapes, keep_strategies([keep], len(sizes), partials_of([spec])))
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        lead = (slice(None),) * dim
+
+        def index(i: int) -> tuple:  # piece i of the input, as a basic index
+            return (*lead, starts[i]) if drop else (*lead, slice(starts[i], starts[i] + sizes[i]))
+
+        return OpPlan(
+            shapes,
+            keep_strategies([keep], len(sizes), partials_of([spec])),
+            view=ViewOf(index),
+        )
 
     @_KINDS.kind(
         "split",
@@ -210,7 +221,12 @@ class TensorOp(PlannedOp):
         keep = {d: d for d in range(spec.ndim) if d != dim}
         maps: list[dict[int, int] | None] = [keep] + [None] * len(extra)
         flags = [True] + [False] * len(extra)
-        return OpPlan([tuple(shape)], keep_strategies(maps, 1, partials_of([spec]), flags))
+        piece = (*(slice(None),) * dim, slice(lo, lo + length))
+        return OpPlan(
+            [tuple(shape)],
+            keep_strategies(maps, 1, partials_of([spec]), flags),
+            view=ViewOf(None if extra else lambda i: piece),
+        )
 
     @_KINDS.kind("select", ("input", "dim", "index"), ("dim", "index"))
     def _plan_select(self, call: OpCall, st: dict) -> OpPlan:
@@ -225,7 +241,10 @@ class TensorOp(PlannedOp):
             )
         shape = spec.shape[:dim] + spec.shape[dim + 1 :]
         keep = {d: d - (d > dim) for d in range(spec.ndim) if d != dim}
-        return OpPlan([shape], keep_strategies([keep], 1, partials_of([spec])))
+        at = (*(slice(None),) * dim, i)
+        return OpPlan(
+            [shape], keep_strategies([keep], 1, partials_of([spec])), view=ViewOf(lambda _: at)
+        )
 
     @_KINDS.kind("flip", ("input", "*dims"), ("dims",))
     def _plan_flip(self, call: OpCall, st: dict) -> OpPlan:
@@ -394,7 +413,7 @@ class TensorOp(PlannedOp):
         rest = [d for d in range(spec.ndim) if d not in (d1, d2)]
         shape = tuple(spec.shape[d] for d in rest) + (n,)
         keep = {d: i for i, d in enumerate(rest)}
-        return OpPlan([shape], keep_strategies([keep], 1, partials_of([spec])))
+        return OpPlan([shape], keep_strategies([keep], 1, partials_of([spec])), view=ViewOf())
 
     @_KINDS.kind(
         "repeat_interleave",

@@ -46,6 +46,7 @@ from pydantic import field_validator
 
 from ..dispatch.op import Binder, DistributedOp, Layout, OpCall
 from ..dispatch.search import SingleDimStrategy, search_strategy
+from ..dispatch.views import ViewOf
 from ..errors import ShardingError
 from ..placement import Partial, Placement, Shard
 from ..redistribute.planner import cost_model_for
@@ -75,6 +76,10 @@ from ._view_dims import (
 )
 
 __all__ = ["ViewOp", "ViewParams", "ViewPlan", "layout_is_exact"]
+
+#: every kind but contiguous returns a view of its input (as torch.Tensor's methods); a
+#: copied view is written back by replaying the op on the base (dispatch/views.py)
+_VIEW = ViewOf()
 
 
 #: kind -> (canonical signature, static args), torch's argument names
@@ -234,6 +239,7 @@ class ViewOp(DistributedOp):
             [res.outputs[0]],
             [out_shape],
             cost=res.cost,
+            view=None if self.params.kind == "contiguous" else _VIEW,
         )
         coord = mesh.get_coordinate()
         if plan.local is not None and coord is not None:

@@ -27,6 +27,7 @@ __all__ = ["torch_dispatch", "build_torch_table", "DISPATCHER"]
 _INPLACE_DUNDERS = {
     "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
     "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__",
+    "__setitem__",
 }  # fmt: skip
 
 
