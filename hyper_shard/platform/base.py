@@ -200,8 +200,8 @@ class Platform:
         raise NotImplementedError
 
     def clone(self, t: Any) -> Any:
-        """An owned contiguous copy of ``t`` (differentiable)."""
-        raise NotImplementedError
+        """An owned contiguous copy of local ``t`` (differentiable; never a view)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot clone local tensors")
 
     def dropout(self, t: Any, p: float) -> Any:
         """The framework's own training-mode dropout of ``t`` (``input * mask / (1 - p)``),
@@ -325,10 +325,6 @@ class Platform:
         """``dst`` (a plain local tensor, possibly a view) overwritten in place with ``src``
         (differentiable)."""
         raise NotImplementedError(f"{type(self).__name__} cannot copy into local tensors")
-
-    def clone(self, t: Any) -> Any:
-        """A copy of local ``t`` (differentiable)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot clone local tensors")
 
     def detach(self, t: Any) -> Any:
         raise NotImplementedError

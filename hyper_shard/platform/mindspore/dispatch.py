@@ -111,6 +111,7 @@ def tensor_method(name: str) -> Any:
     op = TensorMethod(f"Tensor.{name}", fn)
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        """As the ``mindspore.Tensor`` method of this name, on the global tensor."""
         # inside a local op that runs on the DTensors themselves (a Python-level overload
         # such as fmod_scalar computing ``input - ...``) the method is the local one
         if _LOCAL.depth or (op.name not in _TABLE and _lookup(op) is None):
@@ -118,9 +119,6 @@ def tensor_method(name: str) -> Any:
         return ms_dispatch(op, (self, *args), kwargs)
 
     method.__name__ = method.__qualname__ = name
-    method.__doc__ = (
-        f"As ``mindspore.Tensor.{name}`` on the global tensor (dispatched by hyper_shard)."
-    )
     return method
 
 

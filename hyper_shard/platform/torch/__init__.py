@@ -260,8 +260,9 @@ class TorchPlatform(Platform):
     def arange(self, start: int, end: int, like: torch.Tensor) -> torch.Tensor:
         return torch.arange(start, end, device=like.device)
 
-    def clone(self, t: torch.Tensor) -> torch.Tensor:
-        return t.contiguous().clone()
+    def clone(self, t: Any) -> torch.Tensor:
+        with DisableTorchFunctionSubclass():
+            return t.clone(memory_format=torch.contiguous_format)
 
     def dropout(self, t: torch.Tensor, p: float) -> torch.Tensor:
         return torch.nn.functional.dropout(t, p, True)
@@ -373,10 +374,6 @@ class TorchPlatform(Platform):
     def copy_plain(self, dst: Any, src: Any) -> None:
         with DisableTorchFunctionSubclass():
             dst.copy_(src)
-
-    def clone(self, t: Any) -> torch.Tensor:
-        with DisableTorchFunctionSubclass():
-            return t.clone()
 
     def native_group(self, group: Any) -> Any:
         return group.pg
