@@ -150,6 +150,8 @@ def report(
     """Print the table and summary, write the plot (``<out_dir>/<stem>[_sp]_loss.png``,
     titled ``title``); return the exit code (1 when ``--check`` fails)."""
     tok = args.batch * args.seq
+    start = tp.get("start", 0)  # --resume: the TP run covers steps start.. only
+    single = {k: v[start:] for k, v in single.items()}
     n = len(tp["losses"])
     every = max(1, args.table_every or n // 12)
     rows = sorted(set(range(0, n, every)) | {n - 1})
@@ -166,23 +168,24 @@ def report(
         a, b = tp["losses"][i], single["losses"][i]
         rel = abs(a - b) / max(abs(b), 1e-12)
         print(
-            f"{i:>5} {a:>10.5f} {b:>12.5f} {rel:>9.1e} {tok / tp['times'][i]:>9.0f} "
+            f"{start + i:>5} {a:>10.5f} {b:>12.5f} {rel:>9.1e} {tok / tp['times'][i]:>9.0f} "
             f"{tok / single['times'][i]:>13.0f}"
         )
     steady = slice(1, None) if n > 1 else slice(None)
     tp_rate = tok * len(tp["times"][steady]) / sum(tp["times"][steady])
     one_rate = tok * len(single["times"][steady]) / sum(single["times"][steady])
     sp = " + sequence parallel" if args.sp else ""
+    resumed = f" (resumed at step {start} from {getattr(args, 'resume', None)})" if start else ""
     print(
         f"\nLlama {args.layers}x{args.hidden} (ffn {args.ffn}, {args.heads} heads / "
-        f"{args.kv_heads} kv), batch {args.batch}x{args.seq} bytes, {n} steps, TP over {world} "
-        f"ranks{sp}"
+        f"{args.kv_heads} kv), batch {args.batch}x{args.seq} bytes, {n} steps{resumed}, TP over "
+        f"{world} ranks{sp}"
     )
     tail = tp["losses"][-10:]
     print(
         f"loss {tp['losses'][0]:.4f} -> {tp['losses'][-1]:.4f} (mean of the last {len(tail)} "
         f"steps {sum(tail) / len(tail):.4f}); max relative loss difference TP vs single device "
-        f"{worst:.2e} (step {worst_step})"
+        f"{worst:.2e} (step {start + worst_step})"
     )
     print(
         f"throughput (steps 1..): TP {tp_rate:.0f} tok/s, single device {one_rate:.0f} tok/s; "
@@ -194,7 +197,7 @@ def report(
     if args.check:
         if worst > args.rtol:
             print(
-                f"--check FAILED: step {worst_step} TP loss {tp['losses'][worst_step]:.6f} vs "
+                f"--check FAILED: step {start + worst_step} TP loss {tp['losses'][worst_step]:.6f} vs "
                 f"single-device {single['losses'][worst_step]:.6f} (relative {worst:.2e} > "
                 f"{args.rtol:.0e})"
             )
@@ -221,7 +224,8 @@ def write_plot(
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
     path = args.out_dir / f"{stem}{'_sp' if args.sp else ''}_loss.png"
-    steps = range(len(tp["losses"]))
+    start = tp.get("start", 0)
+    steps = range(start, start + len(tp["losses"]))
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     ax.plot(steps, single["losses"], label="single device", linewidth=3, alpha=0.45)
     ax.plot(steps, tp["losses"], label=f"tensor parallel, {world} ranks", linewidth=1.2)

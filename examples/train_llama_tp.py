@@ -15,9 +15,16 @@ the row-parallel outputs are reduce-scattered over the sequence.
 The same model is also trained in one process from the same seed on the same batches;
 the losses are printed side by side and plotted.
 
+``--save DIR`` writes the model, the AdamW state and the step count with
+``hyper_shard.checkpoint`` after the last step; ``--resume DIR`` loads them into this run's
+layout (any number of ranks) and trains the remaining steps up to ``--steps``: its losses
+are compared with the single-process run's at the same steps.
+
     python examples/train_llama_tp.py                 # spawns 2 CPU ranks (gloo, 127.0.0.1)
     python examples/train_llama_tp.py --check         # fail if a loss differs by > 1e-4 (rel)
     python examples/train_llama_tp.py --sp --steps 50 # sequence parallel too
+    python examples/train_llama_tp.py --steps 100 --save ckpt              # checkpoint at the end
+    python examples/train_llama_tp.py --steps 200 --resume ckpt --nproc 4  # go on, on 4 ranks
     torchrun --nproc-per-node 2 examples/train_llama_tp.py   # NCCL on GPUs, HCCL on Ascend
 """
 
@@ -109,10 +116,13 @@ def train_tp(args: argparse.Namespace, data: torch.Tensor, device: torch.device)
     model = build_model(args).to(device)
     hp.parallelize_module(model, mesh, llama_tp_plan(args.sp, hp, Replicate, Shard))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    start = resume(args, model, opt)
     pos = torch.arange(args.seq, device=device)[None]  # global positions (needed under --sp)
     losses, times = [], []
-    bar = tqdm(total=args.steps, desc=f"TP x{world}", unit="step", disable=rank != 0)
-    for x, y in batches(data, args.steps, args.batch, args.seq, args.seed + 1):
+    bar = tqdm(total=args.steps - start, desc=f"TP x{world}", unit="step", disable=rank != 0)
+    for i, (x, y) in enumerate(batches(data, args.steps, args.batch, args.seq, args.seed + 1)):
+        if i < start:
+            continue  # the batches of the steps the checkpoint has done
         x, y = x.to(device), y.to(device)
         sync(device)
         t0 = time.perf_counter()
@@ -130,7 +140,42 @@ def train_tp(args: argparse.Namespace, data: torch.Tensor, device: torch.device)
         bar.set_postfix(loss=f"{value:.4f}")
         bar.update()
     bar.close()
-    return {"losses": losses, "times": times}
+    save(args, model, opt)
+    return {"losses": losses, "times": times, "start": start}
+
+
+def resume(args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
+    """Load ``--resume DIR`` (model, AdamW state, step) into this run's layout, whatever
+    layout saved it; return the step to go on from (0 without ``--resume``)."""
+    if args.resume is None:
+        return 0
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    import hyper_shard.checkpoint as hc
+
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd, "step": 0}
+    hc.load(state, args.resume)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if not 0 <= state["step"] < args.steps:
+        raise SystemExit(
+            f"--resume {args.resume}: the checkpoint is at step {state['step']}; pass --steps "
+            f"greater than that"
+        )
+    return int(state["step"])
+
+
+def save(args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """``--save DIR``: the model, the AdamW state and the step count, each rank writing its
+    own shards once (hyper_shard.checkpoint; loads on any layout)."""
+    if args.save is None:
+        return
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    import hyper_shard.checkpoint as hc
+
+    msd, osd = get_state_dict(model, opt)
+    hc.save({"model": msd, "optim": osd, "step": args.steps}, args.save)
 
 
 def train_single(args: argparse.Namespace, data: torch.Tensor, device: torch.device) -> dict:
@@ -227,6 +272,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_common_args(ap, OUT_DIR)
+    # checkpoints (hyper_shard.checkpoint): resume on any number of ranks
+    ap.add_argument(
+        "--save", type=Path, default=None, help="save model+AdamW+step to DIR at the end"
+    )
+    ap.add_argument(
+        "--resume", type=Path, default=None, help="go on from a --save DIR (any layout)"
+    )
     return ap.parse_args(argv)
 
 
