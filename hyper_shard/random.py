@@ -81,7 +81,7 @@ class OffsetRNGTracker:
         """This rank's box of one global draw.
 
         Args:
-            plat: the Platform (for ``shape``/``narrow``/``contiguous``).
+            plat: the Platform (for ``shape``/``narrow``/``clone``).
             draw_global: draws the whole global tensor from the shared generator state.
             offset: the global index of the shard's first element (one entry per dim).
             local_shape: the shard's shape.
@@ -119,7 +119,7 @@ class OffsetRNGTracker:
         for ln in local_shape:
             k *= ln
         self.stats.kept += k
-        return plat.contiguous(out).clone() if cut else out
+        return plat.clone(out) if cut else out
 
 
 _TRACKER = OffsetRNGTracker()

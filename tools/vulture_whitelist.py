@@ -29,6 +29,7 @@ _.model_config
 _.doc
 _.dist_op_name
 _.infer_layout_suffix
+_.template_name
 _._one_or_list
 _._class_form
 _._one_kind

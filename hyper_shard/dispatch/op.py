@@ -64,13 +64,21 @@ class Binder:
 
     ``names`` lists positional parameters in order (``input`` is position 0); a name starting
     with ``*`` collects the remaining positionals (``view(self, *size)``). Keyword arguments
-    are matched by name.
+    are matched by name; ``"dim|axis"`` names the canonical ``dim`` and accepts the keyword
+    ``axis`` for it too (MindSpore's 1.x Tensor methods spell ``dim`` ``axis``).
     """
 
-    __slots__ = ("names", "pos", "varargs")
+    __slots__ = ("names", "pos", "varargs", "aliases")
 
     def __init__(self, names: Sequence[str]) -> None:
-        self.names = tuple(names)
+        self.aliases: dict[str, tuple[str, ...]] = {}  # canonical -> other keyword names
+        canon = []
+        for n in names:
+            head, *alts = n.split("|")
+            canon.append(head)
+            if alts:
+                self.aliases[head.lstrip("*")] = tuple(alts)
+        self.names = tuple(canon)
         self.pos: dict[str, int] = {}
         self.varargs: tuple[str, int] | None = None
         for i, n in enumerate(self.names):
@@ -79,11 +87,22 @@ class Binder:
                 break
             self.pos[n] = i
 
+    def keyword(self, kwargs: dict[str, Any], name: str) -> str | None:
+        """The keyword under which ``kwargs`` passes canonical ``name``, or None."""
+        if name in kwargs:
+            return name
+        for alt in self.aliases.get(name, ()):
+            if alt in kwargs:
+                return alt
+        return None
+
     def get(
         self, args: Sequence[Any], kwargs: dict[str, Any], name: str, default: Any = None
     ) -> Any:
         if name in kwargs:
             return kwargs[name]
+        if self.aliases and (k := self.keyword(kwargs, name)) is not None:
+            return kwargs[k]
         i = self.pos.get(name)
         if i is not None:
             return args[i] if i < len(args) else default
@@ -97,9 +116,10 @@ class Binder:
     def replace(
         self, args: Sequence[Any], kwargs: dict[str, Any], name: str, value: Any
     ) -> tuple[tuple, dict]:
-        if name in kwargs:
+        k = self.keyword(kwargs, name) if kwargs else None
+        if k is not None:
             kw = dict(kwargs)
-            kw[name] = value
+            kw[k] = value
             return tuple(args), kw
         i = self.pos.get(name)
         if i is not None and i < len(args):
@@ -421,7 +441,9 @@ class BoundOp:
         self.inplace = inplace
         self.reflected = reflected
         b = self.binder = op.binder_for(platform)
-        self.static_kw = frozenset(op.static_names)
+        self.static_kw = frozenset(op.static_names) | frozenset(
+            alt for n in op.static_names for alt in b.aliases.get(n, ())
+        )
         self.static_pos = frozenset(b.pos[n] for n in op.static_names if n in b.pos)
         if b.varargs is not None and b.varargs[0] in op.static_names:
             self.static_pos = self.static_pos | frozenset(range(b.varargs[1], 64))

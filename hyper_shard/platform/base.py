@@ -6,6 +6,10 @@ A platform (torch, MindSpore) provides:
 * a handful of local tensor primitives the redistribution executor composes
   (``narrow``, ``cat``, ``pad_dim``, ``embed``...), all differentiable-agnostic: the
   executor runs them inside :meth:`custom_autograd`, never under the framework's tape;
+* local math the framework-neutral kernels (:mod:`hyper_shard.kernels`) are written with
+  (``exp``, ``log``, ``amax``, ``sum``, ``gather``, ``where``, ``softmax``...): plain local
+  tensors in and out, recorded by the framework's own autograd; arithmetic, comparisons
+  and ``&``/``~`` use the tensors' Python operators, which both frameworks share;
 * collectives on a group (``all_gather``, ``all_reduce`` and, where the device has them,
   ``reduce_scatter`` and ``all_to_all``), with the set of native ones declared in
   ``native_collectives`` so the cost model prices composed ones honestly;
@@ -19,6 +23,7 @@ Nothing here imports a framework.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from ..redistribute.cost import COLLECTIVES, DEFAULT_COST_MODEL, CostModel
@@ -128,6 +133,117 @@ class Platform:
     def div(self, a: Any, b: Any) -> Any:
         raise NotImplementedError
 
+    # ------------------------------------------------------------ local math (kernels)
+    # Plain local tensors in and out, differentiable by the framework's own autograd.
+    # Semantics follow torch's functions of the same name (dims may be negative).
+    def exp(self, t: Any) -> Any:
+        raise NotImplementedError
+
+    def log(self, t: Any) -> Any:
+        raise NotImplementedError
+
+    def amax(self, t: Any, dim: int | Sequence[int], keepdim: bool = False) -> Any:
+        """The maximum over ``dim`` (an int or a sequence), as ``torch.amax``."""
+        raise NotImplementedError
+
+    def amin(self, t: Any, dim: int | Sequence[int], keepdim: bool = False) -> Any:
+        raise NotImplementedError
+
+    def sum(self, t: Any, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:
+        """The sum over ``dim`` (None: every element, a 0-d result), as ``torch.sum``."""
+        raise NotImplementedError
+
+    def where(self, cond: Any, a: Any, b: Any) -> Any:
+        """``a`` where ``cond`` else ``b`` (``b`` may be a python scalar), as ``torch.where``."""
+        raise NotImplementedError
+
+    def gather(self, t: Any, dim: int, index: Any) -> Any:
+        """As ``torch.gather(t, dim, index)``: ``out[i][j] = t[i][index[i][j]]`` along ``dim``."""
+        raise NotImplementedError
+
+    def take_rows(self, t: Any, index: Any) -> Any:
+        """``t[index]``: rows of ``t`` along dim 0 picked by an integer tensor of any shape."""
+        raise NotImplementedError
+
+    def stack(self, ts: Sequence[Any], dim: int) -> Any:
+        raise NotImplementedError
+
+    def select(self, t: Any, dim: int, index: int) -> Any:
+        """``t`` at ``index`` along ``dim``, which is removed (as ``torch.select``)."""
+        raise NotImplementedError
+
+    def unsqueeze(self, t: Any, dim: int) -> Any:
+        raise NotImplementedError
+
+    def squeeze(self, t: Any, dim: int) -> Any:
+        raise NotImplementedError
+
+    def reshape(self, t: Any, shape: Sequence[int]) -> Any:
+        raise NotImplementedError
+
+    def transpose(self, t: Any, dim0: int, dim1: int) -> Any:
+        raise NotImplementedError
+
+    def matmul(self, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+    def softmax(self, t: Any, dim: int) -> Any:
+        raise NotImplementedError
+
+    def isfinite(self, t: Any) -> Any:
+        raise NotImplementedError
+
+    def repeat_interleave(self, t: Any, repeats: int, dim: int) -> Any:
+        raise NotImplementedError
+
+    def full(self, shape: Sequence[int], value: Any, like: Any, dtype: Any = None) -> Any:
+        """A new tensor of ``shape`` filled with ``value``, with ``like``'s dtype (or
+        ``dtype``) and device."""
+        raise NotImplementedError
+
+    def arange(self, start: int, end: int, like: Any) -> Any:
+        """The integers ``[start, end)`` (int64) on ``like``'s device."""
+        raise NotImplementedError
+
+    def clone(self, t: Any) -> Any:
+        """An owned contiguous copy of local ``t`` (differentiable; never a view)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot clone local tensors")
+
+    def dropout(self, t: Any, p: float) -> Any:
+        """The framework's own training-mode dropout of ``t`` (``input * mask / (1 - p)``),
+        drawn from its default generator."""
+        raise NotImplementedError
+
+    def no_grad(self) -> AbstractContextManager[Any]:
+        """A context in which the framework records no gradients."""
+        raise NotImplementedError
+
+    def is_dtype(self, obj: Any) -> bool:
+        """True if ``obj`` is one of the framework's dtypes."""
+        raise NotImplementedError
+
+    def dtype_of(self, t: Any) -> Any:
+        raise NotImplementedError
+
+    def loss_precision(self, t: Any) -> Any:
+        """``t`` in the precision the framework's autocast runs losses in (torch: float32
+        for a half-precision input while autocast is on); ``t`` itself otherwise."""
+        return t
+
+    def set_requires_grad(self, t: Any) -> Any:
+        """Mark a new local tensor as requiring gradients (where the framework records it
+        on tensors); returns ``t``."""
+        return t
+
+    def assign(self, dst: Any, src: Any, no_grad: bool = False) -> Any:
+        """Write ``src``'s values into the plain local tensor ``dst`` in place; returns
+        ``dst``. ``no_grad``: outside autograd (as ``nn.init`` writes)."""
+        raise NotImplementedError
+
+    def inplace_mul(self, dst: Any, other: Any) -> Any:
+        """``dst *= other`` in place; returns ``dst``."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------ collectives
     def all_gather(self, t: Any, group: Any, n: int) -> list[Any]:
         """Every rank's ``t`` (same shape on every rank), in group-rank order."""
@@ -221,10 +337,6 @@ class Platform:
         """``dst`` (a plain local tensor, possibly a view) overwritten in place with ``src``
         (differentiable)."""
         raise NotImplementedError(f"{type(self).__name__} cannot copy into local tensors")
-
-    def clone(self, t: Any) -> Any:
-        """A copy of local ``t`` (differentiable)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot clone local tensors")
 
     def detach(self, t: Any) -> Any:
         raise NotImplementedError

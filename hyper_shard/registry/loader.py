@@ -37,6 +37,7 @@ import yaml
 from pydantic import ValidationError
 
 from ..errors import OpSpecError
+from . import hyper_parallel
 from .classes import build_op, seed_names
 from .messages import short, spec_error, suggest, validation_error
 from .models import ENTRY_FIELDS, KIND_FIELDS, OpEntry
@@ -226,7 +227,7 @@ def load_file(path: str | Path) -> list[LoadedEntry]:
             raise OpSpecError(
                 f"{file}: entry names must be non-empty strings, got {name!r}; quote it"
             )
-        if name.startswith("__") and name.endswith("__") and "." not in name:
+        if hyper_parallel.special_name(name, body, default):  # __invert__ as an op name
             raise spec_error(
                 file,
                 name,
@@ -251,7 +252,7 @@ def load_file(path: str | Path) -> list[LoadedEntry]:
             entry = OpEntry.model_validate(merged)
         except ValidationError as e:
             raise validation_error(file, name, e, from_default, ENTRY_FIELDS) from None
-        op = build_op(file, name, entry, from_default)
+        op = hyper_parallel.build(file, name, entry) or build_op(file, name, entry, from_default)
         torch_names, ms_names = list(entry.torch), list(entry.mindspore)
         if entry.distributed_op_class and not torch_names and not ms_names:
             torch_names, ms_names = seed_names(name)
@@ -300,7 +301,7 @@ def load_all(extra_dirs: Iterable[str | Path] = ()) -> list[LoadedEntry]:
         if rd in seen_dirs:
             continue
         seen_dirs.add(rd)
-        for le in load_dir(d):
+        for le in hyper_parallel.merge(load_dir(d), by_name):  # yields to earlier entries
             prev = by_name.get(le.name)
             if prev is not None and not le.entry.override:
                 raise OpSpecError(

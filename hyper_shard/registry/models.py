@@ -21,8 +21,9 @@ platform op names:
       mindspore: [StackExt]
 
 The hyper-parallel seed format loads unchanged: an entry with ``distributed_op_class``
-plus ``distributed_op_file`` or ``distributed_op_module`` (``dist_op_name`` and
-``infer_layout_suffix`` are accepted and ignored); its name is the op name (a MindSpore
+plus ``distributed_op_file`` or ``distributed_op_module`` (``dist_op_name``,
+``infer_layout_suffix`` and ``template_name`` are accepted and ignored; hyper-parallel's own
+classes map onto hyper_shard's rules, :mod:`hyper_shard.registry.hyper_parallel`); its name is the op name (a MindSpore
 Primitive when it starts with a capital letter, else a torch function).
 
 Types are strict where YAML is ambiguous: ``override`` must be ``true`` or ``false`` (the
@@ -77,6 +78,7 @@ class OpEntry(BaseModel):
     distributed_op_module: str | None = None
     dist_op_name: str | None = None
     infer_layout_suffix: str | None = None
+    template_name: str | None = None
 
     @field_validator("torch", "mindspore", mode="before")
     @classmethod

@@ -24,12 +24,14 @@ the output is ``(*batch, Hq, L, Ev)``. Per mesh dim the rule allows:
 Anything else (key/value sharded on the sequence, a sharded feature dim ``E``, Partial
 query or key) is gathered first. ``dropout_p > 0`` on a sharded layout draws the dropout
 mask of the attention weights through :mod:`hyper_shard.random` (each rank's box of the
-single-device draw), so the result equals torch's CPU kernel for the same seed.
+single-device draw), so the result equals the single-device math (torch's CPU kernel) for
+the same seed.
 Gradients of query, key and value follow from local autograd (a Replicate key/value gets
 a ``Partial(sum)`` gradient).
 
-The local kernels use torch's calling convention and are installed for torch functions
-only; on other platforms every input is gathered until kernels are added here.
+The local computation is :class:`hyper_shard.kernels.attention.ShardedSDPA` (framework
+neutral: it calls the platform's attention function with the shifted mask, or composes
+the math path for dropout).
 
 Semantics follow ``torch.nn.functional.scaled_dot_product_attention``.
 """
@@ -41,6 +43,7 @@ import itertools
 from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..dispatch.search import SingleDimStrategy
 from ..errors import ShardingError
+from ..kernels.attention import ShardedSDPA
 from ..placement import Partial, Placement, Replicate, Shard, normalize_placements
 from ..spec import compute_local_shape_and_offset
 from . import register_rule
@@ -49,10 +52,6 @@ from ._util import LINEAR_OPS, R
 __all__ = ["AttentionOp"]
 
 _ROLES = ("query", "key", "value", "attn_mask")
-
-
-def _is_torch_name(name: str) -> bool:
-    return name.startswith(("torch.", "Tensor."))
 
 
 @register_rule("attention")
@@ -138,8 +137,6 @@ class AttentionOp(DistributedOp):
                 return R
             return Shard(k)
 
-        if not _is_torch_name(call.platform_name):
-            return out  # the kernels (causal offset, dropout draw) are torch-only
         for j in range(nl):  # batch and heads dims
             ins: list[Placement] = [R] * n_in
             for r in ("query", "key", "value"):
@@ -194,7 +191,6 @@ class AttentionOp(DistributedOp):
         if (
             out_pl is None
             or all(type(p) is Replicate for p in out_pl)
-            or not _is_torch_name(call.platform_name)
             or call.mesh.get_coordinate() is None
         ):
             return layout
@@ -218,7 +214,7 @@ class AttentionOp(DistributedOp):
         empty = any(n == 0 for n in ls)
         if q_off is None and dropout <= 0.0 and not empty:
             return layout  # the plain local kernel is exact
-        from ..platform.torch.kernels.attention import ShardedSDPA
-
-        layout.impl = ShardedSDPA(call.binder or self.binder, call.platform, q_off, attn_shape, box)
+        layout.impl = ShardedSDPA(
+            call.func, call.binder or self.binder, call.platform, q_off, attn_shape, box
+        )
         return layout

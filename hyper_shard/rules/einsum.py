@@ -306,3 +306,34 @@ class EinsumCallOp(EinsumOp):
             return torch_einsum_equation(eq)
         except ValueError as e:
             raise ShardingError(f"{call.describe()}: {e}") from e
+
+
+class _TransposedMatmulParams(RuleParams):
+    bias: None = None
+    bias_arg: str = "bias"
+    equation: str = "from transpose_a / transpose_b"
+
+
+@register_rule("transposed_matmul")
+class TransposedMatmulOp(EinsumOp):
+    """``matmul(input, other, transpose_a=False, transpose_b=False)``: the einsum rule of
+    ``op(input) @ op(other)`` where ``op`` swaps the last two dims when its flag is set
+    (MindSpore's ``MatMul``/``BatchMatMul`` Primitives, ``ops.MatMul(transpose_b=True)``).
+    2-D operands, or batched ones (leading dims broadcast as ``torch.matmul``'s); the flags
+    are static arguments (part of the cache key)."""
+
+    Params = _TransposedMatmulParams  # type: ignore[assignment]
+    signature = ("input", "other", "transpose_a", "transpose_b")  # type: ignore[assignment]
+    static_args = ("transpose_a", "transpose_b")
+
+    def equation(self, call: OpCall) -> Equation:
+        a, b = call.specs[0].ndim, call.specs[1].ndim
+        if a < 2 or b < 2:
+            raise ShardingError(
+                f"{call.describe()}: both operands of a transposed matmul need at least 2 dims"
+            )
+        ta, tb = bool(call.static.get("transpose_a")), bool(call.static.get("transpose_b"))
+        left = ("... " if a > 2 else "") + ("k m" if ta else "m k")
+        right = ("... " if b > 2 else "") + ("n k" if tb else "k n")
+        out = ("... " if a > 2 or b > 2 else "") + "m n"
+        return parse_equation(f"{left}, {right} -> {out}")

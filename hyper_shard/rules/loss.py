@@ -39,10 +39,11 @@ max and sum-exp all-reduces, output sharded like the input, with the TRUE backwa
 ``g - softmax(x) * sum(g)`` (PyTorch DTensor's ``loss_parallel`` backward assumes an
 ``nll_loss`` follows and is wrong for ``log_softmax`` used alone).
 
-The kernels use torch's calling convention and are installed for torch functions only;
-on other platforms a class-sharded input or a sharded ``'mean'`` is gathered.
+The local computations are the framework-neutral kernels of :mod:`hyper_shard.kernels.loss`
+(the same on torch and MindSpore); the rule only decides layouts and picks a kernel.
 
-Semantics follow ``torch.nn.functional.cross_entropy`` / ``nll_loss`` / ``log_softmax``.
+Semantics follow ``torch.nn.functional.cross_entropy`` / ``nll_loss`` / ``log_softmax``
+(MindSpore's ``ops``/``mint`` forms share them).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ from typing import Any, Literal
 from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..dispatch.search import SingleDimStrategy
 from ..errors import ShardingError
+from ..kernels import groups_of
+from ..kernels.loss import ClassParallelLoss, GlobalMeanLoss, ShardedLogSoftmax
 from ..placement import Partial, Placement, Shard, normalize_placements
 from ..registry.models import RuleParams
 from ..spec import compute_local_shape_and_offset
@@ -96,17 +99,9 @@ def legacy_reduction(size_average: Any, reduce: Any, reduction: Any) -> str:
     return str(reduction)
 
 
-def _is_torch_name(name: str) -> bool:
-    return name.startswith(("torch.", "Tensor."))
-
-
 def _is_float(dtype: Any) -> bool:
     s = str(dtype).rsplit(".", 1)[-1].lower()
     return any(k in s for k in ("float", "half", "double"))
-
-
-def _groups(mesh: Any, dims: list[int]) -> tuple:
-    return () if mesh.is_abstract else tuple(mesh._group(m) for m in dims)
 
 
 @dataclass(frozen=True)
@@ -203,31 +198,28 @@ class LossOp(DistributedOp):
         f = self.form(call)
         x = call.specs[f.i_in]
         n = len(call.specs)
-        torch_call = _is_torch_name(call.platform_name)
         out: list[SingleDimStrategy] = []
         psum = Partial("sum")
-        if torch_call or f.reduction != "mean":
-            for d in range(x.ndim):
-                if d == f.class_dim:
-                    continue
-                od = d if d < f.class_dim else d - 1
-                ins: list[Placement] = [R] * n
-                ins[f.i_in] = Shard(d)
-                ins[f.i_t] = Shard(d if f.prob else od)
-                o = Shard(od) if f.reduction == "none" else psum
-                out.append(((o,), tuple(ins)))
-        if torch_call:
-            ins = [R] * n
-            ins[f.i_in] = Shard(f.class_dim)
-            ins[f.i_t] = Shard(f.class_dim) if f.prob else R
-            if f.i_w is not None:
-                ins[f.i_w] = Shard(0)
-            # class-sharded: cross_entropy with class-index targets and no weight fuses its
-            # target pick into the log-sum-exp all-reduce, so the loss comes out Replicate
-            # (read with no further collective); otherwise each rank holds a Partial(sum)
-            # share (kernels/loss.py ClassParallelLoss.replicated_output)
-            fused = self.params.kind == "cross_entropy" and not f.prob and f.i_w is None
-            out.append(((R if fused else psum,), tuple(ins)))
+        for d in range(x.ndim):
+            if d == f.class_dim:
+                continue
+            od = d if d < f.class_dim else d - 1
+            ins: list[Placement] = [R] * n
+            ins[f.i_in] = Shard(d)
+            ins[f.i_t] = Shard(d if f.prob else od)
+            o = Shard(od) if f.reduction == "none" else psum
+            out.append(((o,), tuple(ins)))
+        ins = [R] * n
+        ins[f.i_in] = Shard(f.class_dim)
+        ins[f.i_t] = Shard(f.class_dim) if f.prob else R
+        if f.i_w is not None:
+            ins[f.i_w] = Shard(0)
+        # class-sharded: cross_entropy with class-index targets and no weight fuses its
+        # target pick into the log-sum-exp all-reduce, so the loss comes out Replicate
+        # (read with no further collective); otherwise each rank holds a Partial(sum)
+        # share (kernels/loss.py ClassParallelLoss.replicated_output)
+        fused = self.params.kind == "cross_entropy" and not f.prob and f.i_w is None
+        out.append(((R if fused else psum,), tuple(ins)))
         if self.params.kind == "nll_loss":
             for op in LINEAR_OPS:
                 ins = [R] * n
@@ -245,7 +237,7 @@ class LossOp(DistributedOp):
         return all(p != cls or x.placements[m] == cls for m, p in enumerate(tgt))
 
     def expand_impl(self, call: OpCall, layout: Layout) -> Layout:
-        if not _is_torch_name(call.platform_name) or call.mesh.get_coordinate() is None:
+        if call.mesh.get_coordinate() is None:
             return layout
         f = self.form(call)
         mesh = call.mesh
@@ -261,8 +253,6 @@ class LossOp(DistributedOp):
                 prob_count *= s if d != f.class_dim else 1
         kind = self.params.kind
         if class_dims:
-            from ..platform.torch.kernels.loss import ClassParallelLoss
-
             _, off = compute_local_shape_and_offset(x.shape, mesh.shape, pl, mesh.get_coordinate())
             kernel = ClassParallelLoss(
                 call.binder or self.binder,
@@ -272,8 +262,8 @@ class LossOp(DistributedOp):
                 f.class_dim,
                 off[f.class_dim],
                 x.shape[f.class_dim],
-                _groups(mesh, class_dims),
-                _groups(mesh, batch_dims),
+                groups_of(mesh, class_dims),
+                groups_of(mesh, batch_dims),
                 f.reduction,
                 prob_count,
             )
@@ -286,13 +276,12 @@ class LossOp(DistributedOp):
             kernel.class_coord0 = all(coord[m] == 0 for m in class_dims)
             layout.impl = kernel
         elif f.reduction == "mean" and batch_dims:
-            from ..platform.torch.kernels.loss import GlobalMeanLoss
-
             layout.impl = GlobalMeanLoss(
+                call.func,
                 call.binder or self.binder,
                 kind,
                 call.platform,
-                _groups(mesh, batch_dims),
+                groups_of(mesh, batch_dims),
                 prob_count,
             )
         return layout
@@ -305,9 +294,8 @@ class ShardedLogSoftmaxOp(SoftmaxOp):
 
     def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
         out = super().single_dim_strategies(call)
-        if _is_torch_name(call.platform_name):
-            d = self._dim(call)
-            out.append(((Shard(d),), (Shard(d),)))
+        d = self._dim(call)
+        out.append(((Shard(d),), (Shard(d),)))
         return out
 
     def accept(self, call: OpCall, inputs: tuple, outputs: tuple) -> bool:
@@ -319,7 +307,7 @@ class ShardedLogSoftmaxOp(SoftmaxOp):
         return all(p != sd or spec.placements[m] == sd for m, p in enumerate(tgt))
 
     def expand_impl(self, call: OpCall, layout: Layout) -> Layout:
-        if not _is_torch_name(call.platform_name) or call.mesh.get_coordinate() is None:
+        if call.mesh.get_coordinate() is None:
             return layout
         d = self._dim(call)
         spec = call.specs[0]
@@ -329,9 +317,7 @@ class ShardedLogSoftmaxOp(SoftmaxOp):
         )
         dims = [m for m, p in enumerate(pl) if type(p) is Shard and p.dim == d]
         if dims:
-            from ..platform.torch.kernels.loss import ShardedLogSoftmax
-
             layout.impl = ShardedLogSoftmax(
-                call.binder or self.binder, call.platform, d, _groups(call.mesh, dims)
+                call.binder or self.binder, call.platform, d, groups_of(call.mesh, dims)
             )
         return layout

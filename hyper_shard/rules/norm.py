@@ -120,3 +120,116 @@ class NormOp(DistributedOp):
     def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
         i, _ = self._check(call)
         return [call.specs[i].shape]
+
+
+@register_rule("layer_norm_axis")
+class AxisLayerNormOp(NormOp):
+    """MindSpore's ``LayerNorm`` Primitive (``ops.LayerNorm(begin_norm_axis,
+    begin_params_axis, epsilon)(x, gamma, beta)``, what ``nn.LayerNorm`` runs): the dims from
+    ``begin_norm_axis`` on are normalised, ``gamma``/``beta`` have the shape of the dims
+    from ``begin_params_axis`` on. Three outputs: ``y`` (``x``'s shape), ``mean`` and
+    ``rstd`` (``x``'s shape with the normalised dims of size 1); all keep the input's shards
+    of the leading dims (the statistics are computed there, never gathered).
+
+    Raises:
+        ShardingError: ``begin_params_axis`` before ``begin_norm_axis`` (parameters over a
+            leading dim would mix shards with statistics), or shapes that do not match.
+    """
+
+    signature = ("input", "gamma", "beta", "begin_norm_axis", "begin_params_axis", "epsilon")  # type: ignore[assignment]
+    static_args = ("begin_norm_axis", "begin_params_axis")
+    n_outputs = 3
+
+    def __init__(self, name: str, params: Any = None) -> None:
+        super().__init__(name, params)
+        self.static_names = ("begin_norm_axis", "begin_params_axis")
+
+    def _axes(self, call: OpCall) -> tuple[int, int, int]:
+        roles = call.arg_roles
+        if "input" not in roles:
+            raise ShardingError(f"{call.describe()}: {self.name} needs its input as a DTensor")
+        i = roles.index("input")
+        nd = call.specs[i].ndim
+        bn, bp = (int(call.static.get(k) or 0) for k in ("begin_norm_axis", "begin_params_axis"))
+        bn, bp = bn % nd if nd else 0, bp % nd if nd else 0
+        if bp < bn:
+            raise ShardingError(
+                f"{call.describe()}: begin_params_axis={bp} before begin_norm_axis={bn}; use "
+                f"begin_params_axis >= begin_norm_axis"
+            )
+        want = tuple(call.specs[i].shape[bp:])
+        for r, s in zip(roles, call.specs):
+            if r in ("gamma", "beta") and tuple(s.shape) != want:
+                raise ShardingError(
+                    f"{call.describe()}: {r} of shape {list(s.shape)} must have shape {list(want)}"
+                )
+            if r not in ("input", "gamma", "beta"):
+                raise ShardingError(f"{call.describe()}: unexpected DTensor argument {r!r}")
+        return i, bn, nd
+
+    def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
+        i, bn, _ = self._axes(call)
+        n = len(call.specs)
+        out: list[SingleDimStrategy] = []
+        for d in range(bn):
+            ins: list[Placement] = [R] * n
+            ins[i] = Shard(d)
+            out.append(((Shard(d),) * 3, tuple(ins)))
+        return out
+
+    def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
+        i, bn, nd = self._axes(call)
+        shape = tuple(call.specs[i].shape)
+        stat = shape[:bn] + (1,) * (nd - bn)
+        return [shape, stat, stat]
+
+
+@register_rule("rms_norm_gamma")
+class GammaRmsNormOp(NormOp):
+    """MindSpore's ``RmsNorm`` Primitive (``ops.rms_norm(x, gamma, epsilon)``): the trailing
+    ``gamma.ndim`` dims of ``x`` are normalised. Two outputs: ``y`` (``x``'s shape) and
+    ``rstd`` (``x``'s shape with the normalised dims of size 1); both keep the input's
+    shards of the leading dims.
+
+    Raises:
+        ShardingError: ``gamma`` is not a DTensor, or its shape is not ``x``'s trailing dims.
+    """
+
+    signature = ("input", "gamma", "epsilon")  # type: ignore[assignment]
+    n_outputs = 2
+
+    def __init__(self, name: str, params: Any = None) -> None:
+        super().__init__(name, params)
+        self.static_names = ()
+
+    def _k(self, call: OpCall) -> tuple[int, int]:
+        roles = call.arg_roles
+        if "input" not in roles or "gamma" not in roles:
+            raise ShardingError(
+                f"{call.describe()}: {self.name} needs input and gamma as DTensors (distribute "
+                f"gamma as Replicate())"
+            )
+        i, g = roles.index("input"), roles.index("gamma")
+        x, gs = call.specs[i].shape, call.specs[g].shape
+        k = len(gs)
+        if k > len(x) or tuple(x[len(x) - k :]) != tuple(gs):
+            raise ShardingError(
+                f"{call.describe()}: gamma of shape {list(gs)} must be the input's trailing "
+                f"dims (input {list(x)})"
+            )
+        return i, k
+
+    def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
+        i, k = self._k(call)
+        n = len(call.specs)
+        out: list[SingleDimStrategy] = []
+        for d in range(call.specs[i].ndim - k):
+            ins: list[Placement] = [R] * n
+            ins[i] = Shard(d)
+            out.append(((Shard(d), Shard(d)), tuple(ins)))
+        return out
+
+    def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
+        i, k = self._k(call)
+        shape = tuple(call.specs[i].shape)
+        return [shape, shape[: len(shape) - k] + (1,) * k]

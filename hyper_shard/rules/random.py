@@ -14,7 +14,7 @@ YAML parameter ``mode``:
   with a python ``p``): output placements are the input's, ``Partial`` read as Replicate;
 * ``inplace`` — fill the input in place (``Tensor.uniform_``, ``nn.init.normal_``...):
   placements kept; a ``Partial`` input is refused (redistribute it first);
-  ``no_grad: true`` runs the copy under ``torch.no_grad()`` as ``nn.init`` does;
+  ``no_grad: true`` runs the copy outside autograd as ``nn.init`` does;
 * ``dropout`` — ``input * mask / (1 - p)``: placements kept, ``Partial(sum|avg|max|min)``
   included (the mask is the same on every rank of a partial mesh dim and non-negative);
 * ``bernoulli`` — ``bernoulli(input)`` draws with the input's values as probabilities
@@ -22,9 +22,10 @@ YAML parameter ``mode``:
   ``like``, in place ``inplace``, and a DTensor ``p`` is gathered.
 
 A fully Replicate (or Partial-only) input needs no kernel: every rank runs the plain op
-on identical generator states. The kernels are torch-only; other platforms gather.
+on identical generator states. The kernels (:mod:`hyper_shard.kernels.random`) are
+framework-neutral.
 
-Semantics follow the torch functions named in ``op_specs/random.yaml``.
+Semantics follow the functions named in ``op_specs/random.yaml``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Literal
 
 from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..errors import ShardingError
+from ..kernels.random import GlobalDraw, ShardedDropout
 from ..placement import Partial, Placement, Replicate, Shard
 from ..registry.models import RuleParams
 from ..spec import compute_local_shape_and_offset
@@ -48,10 +50,6 @@ class RandomParams(RuleParams):
     mode: Literal["like", "inplace", "dropout", "bernoulli"]
     #: run an in-place fill's copy under no_grad (nn.init functions)
     no_grad: bool = False
-
-
-def _is_torch_name(name: str) -> bool:
-    return name.startswith(("torch.", "Tensor."))
 
 
 @register_rule("random")
@@ -80,7 +78,6 @@ class RandomOp(DistributedOp):
         spec = call.specs[0]
         mesh = call.mesh
         n = mesh.ndim
-        torch_call = _is_torch_name(call.platform_name)
         inputs: list[tuple[Placement, ...] | None] = [None] * len(call.specs)
         values = False
         if mode == "bernoulli":
@@ -107,9 +104,6 @@ class RandomOp(DistributedOp):
                 inputs[0] = out
         else:
             out = tuple(_R if type(p) is Partial else p for p in spec.placements)
-        if not torch_call and any(type(p) is Shard for p in out):
-            out = (_R,) * n  # no kernel: gather and draw like one device
-            inputs[0] = out
         if values:
             inputs[0] = (_R,) * n
         layout = Layout(inputs, [out], [spec.shape])
@@ -121,12 +115,8 @@ class RandomOp(DistributedOp):
         binder = call.binder or self.binder
         plat = call.platform
         if mode == "dropout":
-            from ..platform.torch.kernels.random import ShardedDropout
-
             layout.impl = ShardedDropout(call.func, binder, plat, spec.shape, box, call.inplace)
         else:
-            from ..platform.torch.kernels.random import GlobalDraw
-
             layout.impl = GlobalDraw(
                 call.func,
                 binder,

@@ -39,9 +39,8 @@ dims when ``keepdim`` is False). Exactness on uneven and empty shards:
   reduction's identity (``-inf``/``+inf``, the integer dtype's min/max), since the local
   kernel refuses an empty reduction.
 
-These local implementations use the torch calling convention (``Tensor.sum``,
-``Tensor.amax``) and are installed only for torch functions; for other platforms the
-rule keeps such reduced dims Replicate until their kernels are added here.
+These local implementations compute with the platform's local math (``plat.sum``,
+``plat.amax``): the same on every framework.
 
 Semantics follow ``torch.sum``, ``torch.mean``, ``torch.amax``, ``torch.max``... (global
 shapes in, global shapes out; a DTensor's result equals the single-device one).
@@ -223,24 +222,29 @@ class ReduceForm:
     elementwise: bool = False
 
 
-def _is_torch_name(name: str) -> bool:
-    return name.startswith(("torch.", "Tensor."))
-
-
 # ---------------------------------------------------------------------- local kernels
 class _MeanAsSum:
     """``mean`` = local ``sum`` / GLOBAL element count (exact for uneven/empty shards).
-    torch calling convention: ``fn(input, dim, keepdim, *, dtype=None)``."""
+    A ``dtype`` argument (keyword, or a positional dtype after the input) casts the input
+    first, as ``torch.mean(..., dtype=)`` and MindSpore's ``MeanExt`` do."""
 
-    __slots__ = ("binder", "dims", "keepdim", "count")
+    __slots__ = ("binder", "dims", "keepdim", "count", "plat")
 
-    def __init__(self, binder: Binder, dims: tuple[int, ...], keepdim: bool, count: int) -> None:
+    def __init__(
+        self, binder: Binder, dims: tuple[int, ...], keepdim: bool, count: int, plat: Any
+    ) -> None:
         self.binder, self.dims, self.keepdim, self.count = binder, dims, keepdim, count
+        self.plat = plat
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        plat = self.plat
         x = self.binder.get(args, kwargs, "input")
-        s = x.sum(dim=self.dims, keepdim=self.keepdim, dtype=kwargs.get("dtype"))
-        return s / self.count
+        dtype = kwargs.get("dtype")
+        if dtype is None:
+            dtype = next((a for a in args[1:] if plat.is_dtype(a)), None)
+        if dtype is not None:
+            x = plat.cast(x, dtype)
+        return plat.sum(x, self.dims, self.keepdim) / self.count
 
 
 class _ExtremumPadded:
@@ -271,8 +275,8 @@ class _ExtremumPadded:
             shape[d] = 1
             pad = plat.new_tensor("full", shape, self.fill, self.dtype, self.mesh.device_type)
             x = plat.cat([x, pad], d)
-        fn = x.amax if self.mode == "max" else x.amin
-        return fn(dim=self.dims, keepdim=self.keepdim)
+        fn = plat.amax if self.mode == "max" else plat.amin
+        return fn(x, self.dims, self.keepdim)
 
 
 # ---------------------------------------------------------------------- the rule
@@ -366,11 +370,8 @@ class ReductionOp(DistributedOp):
         dtype = str(call.specs[0].dtype)
         if out in ("max", "min") and "bool" in dtype:
             return None, ()  # no Partial(max/min) of bool values
-        torch_call = _is_torch_name(call.platform_name)
-        if op == "mean" and not (torch_call and self._mean_exact(call)):
-            out = None  # a mean over a sharded dim needs the global-count kernel
-        if op in ("amax", "amin", "max", "min") and not torch_call:
-            out = None  # empty shards need the identity-padding kernel
+        if op == "mean" and not self._mean_exact(call):
+            out = None  # the global-count kernel divides floats only
         return out, keep
 
     @staticmethod
@@ -427,7 +428,9 @@ class ReductionOp(DistributedOp):
         spec = call.specs[0]
         if op == "mean":
             count = math.prod(spec.shape[d] for d in f.dims)
-            layout.impl = _MeanAsSum(call.binder or self.binder, f.dims, f.keepdim, count)
+            layout.impl = _MeanAsSum(
+                call.binder or self.binder, f.dims, f.keepdim, count, call.platform
+            )
             return layout
         # amax / amin / max(x) / min(x): pad an empty local shard with the identity
         local = spec.with_placements(target).local_shape()

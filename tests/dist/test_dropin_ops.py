@@ -268,7 +268,7 @@ def check_nn_ops(rank, world):
     # cross_entropy / nll_loss on class-sharded logits outside loss_parallel(): computed
     logits, tgt = _r(6, 8, seed=4), torch.tensor([0, 7, 3, 3, 5, 1])
     probs = torch.softmax(_r(6, 8, seed=5), -1)
-    from hyper_shard.platform.torch.kernels import loss_gather
+    from hyper_shard.kernels import loss_gather
 
     loss_gather._HINTED.clear()  # the hint is once per process: count it from here
     with warnings.catch_warnings(record=True) as rec:

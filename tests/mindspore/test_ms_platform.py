@@ -197,6 +197,10 @@ def check_select_and_errors(rank: int, world: int) -> dict:
         hs.init_device_mesh("CPU", (world + 1,))
     except ValueError as e:
         out["bad_shape"] = str(e)
+    # torch's spelling in a program that initialised MindSpore communication (issue 15):
+    # the mesh is MindSpore's, over the real world
+    lower = hs.init_device_mesh("cpu", (world,))
+    out["lower"] = (type(lower.platform).__name__, lower.platform.get_world_size())
     return out
 
 
@@ -207,6 +211,7 @@ def test_select_platform(ms2):
         assert (out["rank"], out["ws"]) == (rank, 2)
         assert "use 'CPU', 'Ascend' or 'GPU'" in out["bad_device"]
         assert "the world has 2" in out["bad_shape"]
+        assert out["lower"] == ("MindSporePlatform", 2)
 
 
 def check_world_of_one(rank: int, world: int) -> dict:
@@ -227,7 +232,21 @@ def check_world_of_one(rank: int, world: int) -> dict:
         return (a * a).sum()
 
     _, g = value_and_grad(f)(d)
+    import sys
+
+    from hyper_shard.platform.select import platform_for_device
+
+    saved = sys.modules.pop("torch", None)  # as in a MindSpore-only program
+    try:  # only MindSpore imported, no communication: "cpu" is ambiguous
+        platform_for_device("cpu")
+        ambiguous = "no error"
+    except ValueError as e:
+        ambiguous = str(e)
+    finally:
+        if saved is not None:
+            sys.modules["torch"] = saved
     return {
+        "ambiguous": ambiguous,
         "world": mesh.platform.get_world_size(),
         "group": mesh.get_group(0).name,
         "y": y.full_tensor().asnumpy(),
@@ -245,6 +264,8 @@ def test_world_of_one(ms1):
     assert out["y_pl"] == "(Shard(dim=0),)"
     np.testing.assert_allclose(out["g"], out["ref_g"])
     np.testing.assert_allclose(out["g"], 2 * x)
+    msg = out["ambiguous"]
+    assert "ambiguous" in msg and "'CPU'" in msg and "platform='mindspore'" in msg, msg
 
 
 # ---------------------------------------------------------------------- sub-groups (4 ranks)

@@ -183,6 +183,9 @@ class MindSporePlatform(Platform):
         else:  # a lone process (notebook, benchmark, single-device debugging)
             self._world = (0, 1)
         self._initialized = True
+        from .dispatch import bind
+
+        bind()  # bound Python-level functions dispatch from the first DTensor call
 
     def get_rank(self) -> int:
         if self._world is not None:
@@ -296,6 +299,100 @@ class MindSporePlatform(Platform):
         if kind == "randn":
             return ops.randn(shape, dtype=dtype)
         raise ValueError(f"new_tensor: unknown kind {kind!r}")
+
+    # ------------------------------------------------------------ local math (kernels)
+    # MindSpore 2.10 CPU kernels: mint where it has one, else ops (no CPU kernel for
+    # mint.stack, mint.repeat_interleave, mint.arange, mint.clone, mint.full; mint.select's
+    # backward fails on CPU)
+    def exp(self, t: Tensor) -> Tensor:
+        return mint.exp(t)
+
+    def log(self, t: Tensor) -> Tensor:
+        return mint.log(t)
+
+    def amax(self, t: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
+        return mint.amax(t, dim, keepdim)
+
+    def amin(self, t: Tensor, dim: Any, keepdim: bool = False) -> Tensor:
+        return mint.amin(t, dim, keepdim)
+
+    def sum(self, t: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+        return mint.sum(t) if dim is None else mint.sum(t, dim, keepdim)
+
+    def where(self, cond: Tensor, a: Any, b: Any) -> Tensor:
+        return mint.where(cond, a, b)
+
+    def gather(self, t: Tensor, dim: int, index: Tensor) -> Tensor:
+        return mint.gather(t, dim, index)
+
+    def take_rows(self, t: Tensor, index: Tensor) -> Tensor:
+        return ops.gather(t, index, 0)
+
+    def stack(self, ts: Sequence[Tensor], dim: int) -> Tensor:
+        return ops.stack(list(ts), dim)
+
+    def select(self, t: Tensor, dim: int, index: int) -> Tensor:
+        return mint.squeeze(mint.narrow(t, dim, index, 1), dim)
+
+    def unsqueeze(self, t: Tensor, dim: int) -> Tensor:
+        return mint.unsqueeze(t, dim)
+
+    def squeeze(self, t: Tensor, dim: int) -> Tensor:
+        return mint.squeeze(t, dim)
+
+    def reshape(self, t: Tensor, shape: Sequence[int]) -> Tensor:
+        return mint.reshape(t, tuple(shape))
+
+    def transpose(self, t: Tensor, dim0: int, dim1: int) -> Tensor:
+        return mint.transpose(t, dim0, dim1)
+
+    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
+        return mint.matmul(a, b)
+
+    def softmax(self, t: Tensor, dim: int) -> Tensor:
+        return mint.softmax(t, dim)
+
+    def isfinite(self, t: Tensor) -> Tensor:
+        return mint.isfinite(t)
+
+    def repeat_interleave(self, t: Tensor, repeats: int, dim: int) -> Tensor:
+        return ops.repeat_interleave(t, repeats, dim)
+
+    def full(self, shape: Sequence[int], value: Any, like: Tensor, dtype: Any = None) -> Tensor:
+        return ops.full(tuple(int(s) for s in shape), value, dtype=dtype or like.dtype)
+
+    def arange(self, start: int, end: int, like: Tensor) -> Tensor:
+        import numpy as np
+
+        return Tensor(np.arange(start, end, dtype=np.int64))
+
+    def clone(self, t: Tensor) -> Tensor:
+        return ops.deepcopy(t)
+
+    def dropout(self, t: Tensor, p: float) -> Tensor:
+        return ops.dropout(t, p, True)
+
+    def no_grad(self) -> Any:
+        return ms._no_grad()
+
+    def is_dtype(self, obj: Any) -> bool:
+        return isinstance(obj, ms.dtype.Type)
+
+    def dtype_of(self, t: Tensor) -> Any:
+        return t.dtype
+
+    def cast(self, t: Any, dtype: Any) -> Tensor:
+        return ops.cast(ms_local(t), dtype)
+
+    def assign(self, dst: Tensor, src: Tensor, no_grad: bool = False) -> Tensor:
+        # in-place copies into aliases are unreliable on CPU: rebind the data (the
+        # dispatcher writes a rebound alias back into its DTensor)
+        Tensor.assign_value(dst, ops.deepcopy(src))
+        return dst
+
+    def inplace_mul(self, dst: Tensor, other: Any) -> Tensor:
+        Tensor.assign_value(dst, mint.mul(dst, other))
+        return dst
 
     # ------------------------------------------------------------ collectives
     @staticmethod

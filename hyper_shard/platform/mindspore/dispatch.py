@@ -7,6 +7,10 @@ always positional where the Primitive has a signature (``mint.sum(x, dim=1)`` ar
 Primitive's argument order differs from the torch one the entry gives a
 ``mindspore_signature``.
 
+A name with a module path (``mindspore.ops.cross_entropy``) binds a Python-level function
+instead (:mod:`hyper_shard.platform.mindspore.functions`): calls with a DTensor argument are
+dispatched as one op, so a composite loss or dropout reaches its rule whole.
+
 Legacy Primitives (``ops.ReduceSum()``, ``x[0:2]``'s ``StridedSlice``, ``ops.gather``)
 arrive as ``(prim, "Name", (inputs...))``: they are unpacked, so a rule sees the inputs
 as positional arguments, and packed again for the local call.
@@ -18,10 +22,12 @@ Primitives (``Inplace*``) write their result back into the target (on CPU, MindS
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from mindspore import Parameter, Tensor, ops
 from mindspore._c_expression import NoFallbackGuard
+from mindspore._c_expression import OpCall as _OpCall
 
 from ...dispatch.dispatcher import Dispatcher
 from ...dispatch.op import BoundOp, Decision, fmt_placements
@@ -67,6 +73,61 @@ getitem_call = _PseudoPrimitive("__getitem__", Tensor.__getitem__)
 #: ``dt[index] = value``: as ``Tensor.__setitem__`` (in place on ``input``)
 setitem_call = _PseudoPrimitive("__setitem__", _setitem)
 PSEUDO_PRIMITIVES = frozenset({"__getitem__", "__setitem__"})
+#: in-place Primitives whose name does not start with ``Inplace`` (they write ``args[0]``)
+INPLACE_NAMES = frozenset({"__setitem__", "Assign", "AssignAdd", "AssignSub"})
+
+
+class TensorMethod:
+    """A hot Tensor method a DTensor dispatches from Python (``Tensor.__add__``...): the
+    call reaches hyper_shard without MindSpore's C++ ``__fallback__`` detour, and its
+    local op is the plain Tensor method on local aliases. Entries bind it as
+    ``Tensor.<name>`` (:data:`TENSOR_METHODS`)."""
+
+    __slots__ = ("name", "fn")
+
+    def __init__(self, name: str, fn: Any) -> None:
+        self.name = name
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<TensorMethod {self.name}>"
+
+
+#: the Tensor methods MindSporeDTensor dispatches from Python (bound as ``Tensor.<name>``)
+TENSOR_METHODS = frozenset(
+    f"Tensor.{n}"
+    for n in ("__add__", "__sub__", "__mul__", "__truediv__", "__matmul__", "__neg__", "reshape", "unsqueeze")
+)  # fmt: skip
+
+
+def tensor_method(name: str) -> Any:
+    """The Python method of MindSporeDTensor for Tensor method ``name``: dispatch it as
+    ``Tensor.<name>`` when an entry binds that, else run MindSpore's own method (whose C++
+    fallback then dispatches the Primitive it picks)."""
+    fn = getattr(Tensor, name)
+    op = TensorMethod(f"Tensor.{name}", fn)
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        """As the ``mindspore.Tensor`` method of this name, on the global tensor."""
+        # inside a local op that runs on the DTensors themselves (a Python-level overload
+        # such as fmod_scalar computing ``input - ...``) the method is the local one
+        if _LOCAL.depth or (op.name not in _TABLE and _lookup(op) is None):
+            return fn(self, *args, **kwargs)
+        return ms_dispatch(op, (self, *args), kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+class _LocalDepth(threading.local):
+    depth = 0  # > 0 while a local op runs on DTensor arguments under NoFallbackGuard
+
+
+_LOCAL = _LocalDepth()
+
 
 #: Primitive -> what to use instead, for kernels MindSpore 2.10 lacks on CPU
 MISSING_KERNEL_HINTS = {
@@ -98,18 +159,33 @@ class _LegacyCall:
 
 
 def _is_dtensor(x: Any) -> bool:
-    from .dtensor import MindSporeDTensor
+    dt = _DT
+    if dt is None:  # before the table is built (dtensor imports this module)
+        from .dtensor import MindSporeDTensor
 
-    return isinstance(x, MindSporeDTensor)
+        dt = MindSporeDTensor
+    return isinstance(x, dt)
 
 
 def _known_primitive(name: str) -> bool:
     if name in PSEUDO_PRIMITIVES:
         return True
     import mindspore.ops.auto_generate.gen_ops_prim as gen
+    import mindspore.ops.functional as functional
     import mindspore.ops.operations as legacy
+    from mindspore.ops.primitive import Primitive
 
-    return hasattr(gen, name) or hasattr(legacy, name)
+    if hasattr(gen, name) or hasattr(legacy, name):
+        return True
+    # functional Primitive instances such as ``typeof`` (its name is the attribute's)
+    if isinstance(getattr(functional, name, None), Primitive):
+        return True
+    # C++-only Tensor-method overloads (``DeprecatedSum`` for ``Tensor.sum(axis=...)``)
+    from mindspore.ops.auto_generate.cpp_create_prim_instance_helper import (
+        op_args_default_value,
+    )
+
+    return name in op_args_default_value
 
 
 def build_ms_table(reg: Registry) -> dict[str, BoundOp]:
@@ -125,25 +201,53 @@ def build_ms_table(reg: Registry) -> dict[str, BoundOp]:
 
     _DT = MindSporeDTensor
     table: dict[str, BoundOp] = {}
+    functions: list[str] = []
     for e in reg.entries.values():
         for n in e.mindspore:
-            if not _known_primitive(n):
+            if n in TENSOR_METHODS:
+                pass  # a method MindSporeDTensor dispatches from Python
+            elif "." in n:  # a Python-level function (hyper_shard/platform/mindspore/functions.py)
+                from .functions import resolve
+
+                if resolve(n) is None:
+                    if getattr(e.op, "lenient_names", False):
+                        continue
+                    raise OpSpecError(
+                        f"{e.file}: entry {e.name!r}, field 'mindspore': {n!r} is not an "
+                        f"importable function (a dotted name binds a Python-level function, "
+                        f"e.g. mindspore.ops.cross_entropy)"
+                    )
+                functions.append(n)
+            elif not _known_primitive(n):
+                if getattr(e.op, "lenient_names", False):  # hyper-parallel's YAML spans versions
+                    continue
                 raise OpSpecError(
                     f"{e.file}: entry {e.name!r}, field 'mindspore': {n!r} is not a MindSpore "
-                    f"Primitive (mindspore.ops.auto_generate.gen_ops_prim / ops.operations); "
+                    f"Primitive (mindspore.ops.auto_generate.gen_ops_prim / ops.operations / a "
+                    f"Tensor-method overload); "
                     f"print func.name in a Tensor subclass's __fallback__ to find the name"
                 )
             table[n] = BoundOp(
                 e.op,
                 n,
-                inplace=n.startswith("Inplace") or n == "__setitem__",
+                inplace=n.startswith("Inplace") or n in INPLACE_NAMES,
                 reflected=False,
                 is_dtensor=_is_dtensor,
                 tensor_type=Tensor,
                 platform="mindspore",
                 dt_type=MindSporeDTensor,
             )
+    if functions:
+        from .functions import install
+
+        install(functions, MindSporeDTensor)
     return table
+
+
+def bind() -> None:
+    """Build the binding table now (and wrap the bound Python-level functions), so the
+    first call of a bound function on a DTensor already dispatches as one op."""
+    _lookup(getitem_call)
 
 
 _TABLE: dict[str, BoundOp] = {}  # Primitive name -> BoundOp; one dict, refilled on reload
@@ -204,7 +308,7 @@ def _run_local(fn: Any, args: tuple, kwargs: dict) -> Any:
     # an in-place Primitive, __setitem__, or a rule's local implementation may write into
     # the first argument's alias: watch it, so the write reaches the DTensor itself
     watch = target is not None and (
-        name is None or name == "__setitem__" or name.startswith("Inplace")
+        name is None or name in INPLACE_NAMES or name.startswith("Inplace")
     )
     before = plain[0].data_ptr() if watch else 0
     with NoFallbackGuard():
@@ -247,9 +351,19 @@ def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
     result as an alias DTensor. The Primitive itself (no rule ``impl``, not a pseudo
     Primitive) runs straight; the others through :func:`_run_local`, which watches writes
     into the first argument."""
-    if dec.impl is None and type(fn) is not _Pseudo:
-        # plain aliases: some "Primitives" are Python-level Tensor methods (Narrow is
-        # deprecated_tensor_narrow) that would read a DTensor's global shape
+    tf = type(fn)
+    if dec.impl is None and tf is _OpCall:
+        # a C++ Primitive (mint.*): it reads the DTensors' local storage itself, no aliases
+        # (some are Python-level overloads: their DTensor Tensor methods run locally too)
+        _LOCAL.depth += 1
+        try:
+            with NoFallbackGuard():
+                out = fn(*args, **kwargs) if kwargs else fn(*args)
+        finally:
+            _LOCAL.depth -= 1
+    elif dec.impl is None and tf is not _Pseudo:
+        # plain aliases: some Tensor-method overloads are Python-level (Narrow is
+        # deprecated_tensor_narrow) and would read a DTensor's global shape
         plain = [_plain(a) for a in args]
         with NoFallbackGuard():
             out = fn(*plain, **{k: _plain(v) for k, v in kwargs.items()}) if kwargs else fn(*plain)

@@ -33,7 +33,7 @@ from mindspore._c_expression import NoFallbackGuard
 
 from ...dtensor import DTensor, _format
 from ...spec import DTensorSpec
-from .dispatch import getitem_call, ms_dispatch, setitem_call
+from .dispatch import getitem_call, ms_dispatch, setitem_call, tensor_method
 
 __all__ = ["MindSporeDTensor", "wrap", "make_leaf"]
 
@@ -118,6 +118,17 @@ class MindSporeDTensor(DTensor, Tensor):  # type: ignore[misc]
 
     def __index__(self) -> int:
         return self.full_tensor().__index__()
+
+    # ------------------------------------------------------------------ hot methods
+    # dispatched from Python (Tensor.<name> entries): no C++ fallback detour per call
+    __add__ = tensor_method("__add__")
+    __sub__ = tensor_method("__sub__")
+    __mul__ = tensor_method("__mul__")
+    __truediv__ = tensor_method("__truediv__")
+    __matmul__ = tensor_method("__matmul__")
+    __neg__ = tensor_method("__neg__")
+    reshape = tensor_method("reshape")
+    unsqueeze = tensor_method("unsqueeze")
 
     # ------------------------------------------------------------------ reflected operators
     def __radd__(self, other: Any) -> Any:

@@ -291,6 +291,104 @@ class TorchPlatform(Platform):
         }[kind]
         return fn(shape, dtype=dtype, device=device)
 
+    # ------------------------------------------------------------ local math (kernels)
+    def exp(self, t: torch.Tensor) -> torch.Tensor:
+        return t.exp()
+
+    def log(self, t: torch.Tensor) -> torch.Tensor:
+        return t.log()
+
+    def amax(self, t: torch.Tensor, dim: Any, keepdim: bool = False) -> torch.Tensor:
+        return t.amax(dim, keepdim=keepdim)
+
+    def amin(self, t: torch.Tensor, dim: Any, keepdim: bool = False) -> torch.Tensor:
+        return t.amin(dim, keepdim=keepdim)
+
+    def sum(self, t: torch.Tensor, dim: Any = None, keepdim: bool = False) -> torch.Tensor:
+        return t.sum() if dim is None else t.sum(dim, keepdim=keepdim)
+
+    def where(self, cond: torch.Tensor, a: Any, b: Any) -> torch.Tensor:
+        return torch.where(cond, a, b)
+
+    def gather(self, t: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+        return t.gather(dim, index)
+
+    def take_rows(self, t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return t[index]
+
+    def stack(self, ts: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
+        return torch.stack(list(ts), dim)
+
+    def select(self, t: torch.Tensor, dim: int, index: int) -> torch.Tensor:
+        return t.select(dim, index)
+
+    def unsqueeze(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        return t.unsqueeze(dim)
+
+    def squeeze(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        return t.squeeze(dim)
+
+    def reshape(self, t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+        return t.reshape(tuple(shape))
+
+    def transpose(self, t: torch.Tensor, dim0: int, dim1: int) -> torch.Tensor:
+        return t.transpose(dim0, dim1)
+
+    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a @ b
+
+    def softmax(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        return torch.softmax(t, dim)
+
+    def isfinite(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.isfinite(t)
+
+    def repeat_interleave(self, t: torch.Tensor, repeats: int, dim: int) -> torch.Tensor:
+        return t.repeat_interleave(repeats, dim=dim)
+
+    def full(
+        self, shape: Sequence[int], value: Any, like: torch.Tensor, dtype: Any = None
+    ) -> torch.Tensor:
+        return torch.full(tuple(shape), value, dtype=dtype or like.dtype, device=like.device)
+
+    def arange(self, start: int, end: int, like: torch.Tensor) -> torch.Tensor:
+        return torch.arange(start, end, device=like.device)
+
+    def clone(self, t: Any) -> torch.Tensor:
+        with DisableTorchFunctionSubclass():
+            return t.clone(memory_format=torch.contiguous_format)
+
+    def dropout(self, t: torch.Tensor, p: float) -> torch.Tensor:
+        return torch.nn.functional.dropout(t, p, True)
+
+    def no_grad(self) -> Any:
+        return torch.no_grad()
+
+    def is_dtype(self, obj: Any) -> bool:
+        return isinstance(obj, torch.dtype)
+
+    def dtype_of(self, t: torch.Tensor) -> Any:
+        return t.dtype
+
+    def loss_precision(self, t: torch.Tensor) -> torch.Tensor:
+        """float32 for a half-precision ``t`` while autocast is on for its device (autocast
+        runs cross_entropy/nll_loss in float32; a composed kernel applies that itself)."""
+        if t.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(t.device.type):
+            return t.float()
+        return t
+
+    def set_requires_grad(self, t: torch.Tensor) -> torch.Tensor:
+        return t.requires_grad_()
+
+    def assign(self, dst: torch.Tensor, src: torch.Tensor, no_grad: bool = False) -> torch.Tensor:
+        if no_grad:
+            with torch.no_grad():
+                return dst.copy_(src)
+        return dst.copy_(src)
+
+    def inplace_mul(self, dst: torch.Tensor, other: Any) -> torch.Tensor:
+        return dst.mul_(other)
+
     # ------------------------------------------------------------ collectives
     # gloo has no int16 kernels: such tensors travel as int32 (sums wrap the same way)
     def all_gather(self, t: torch.Tensor, group: TorchGroup, n: int) -> list[torch.Tensor]:
@@ -402,10 +500,6 @@ class TorchPlatform(Platform):
     def copy_plain(self, dst: Any, src: Any) -> None:
         with DisableTorchFunctionSubclass():
             dst.copy_(src)
-
-    def clone(self, t: Any) -> torch.Tensor:
-        with DisableTorchFunctionSubclass():
-            return t.clone()
 
     def native_group(self, group: Any) -> Any:
         return group.pg

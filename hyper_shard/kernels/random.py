@@ -1,5 +1,5 @@
 """Local kernels of the random rule (see ``hyper_shard/rules/random.py``): each runs the
-called torch function on a tensor of the GLOBAL shape (same dtype and device as the local
+called function on a tensor of the GLOBAL shape (same dtype and device as the local
 shard) inside :class:`hyper_shard.random.OffsetRNGTracker`, which keeps this rank's box
 of the draw. The generator therefore advances exactly as the single-device call would.
 
@@ -7,9 +7,12 @@ of the draw. The generator therefore advances exactly as the single-device call 
   ``bernoulli(input)`` (probabilities gathered first): the function on the global tensor,
   this rank's box returned; in-place fills (``Tensor.uniform_``, ``normal_``,
   ``nn.init.*``) copy the box into the local shard.
-* :class:`ShardedDropout` — ``dropout``/``dropout1d/2d/3d``: the same function on a
-  global tensor of ones gives ``mask / (1 - p)`` exactly as torch's kernel computes it, so
-  ``input * box`` is bit-identical to the single-device result.
+* :class:`ShardedDropout` — ``dropout``/``dropout1d/2d/3d`` (torch), ``ops.dropout``
+  (MindSpore): the same function on a global tensor of ones gives ``mask / (1 - p)``
+  exactly as the framework's kernel computes it, so ``input * box`` is bit-identical to the
+  single-device result.
+
+Written against the Platform protocol.
 """
 
 from __future__ import annotations
@@ -17,10 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
-from ....dispatch.op import Binder
-from ....random import get_rng_tracker
+from ..dispatch.op import Binder
+from ..random import get_rng_tracker
 
 __all__ = ["GlobalDraw", "ShardedDropout"]
 
@@ -29,14 +30,14 @@ class GlobalDraw:
     """A random op whose output (or in-place result) is this rank's box of the global draw.
 
     Args:
-        func: the torch function called (``torch.rand_like``, ``Tensor.uniform_``...).
+        func: the function called (``torch.rand_like``, ``Tensor.uniform_``...).
         binder: the call's binder; role: the canonical name of the tensor the draw takes
             its shape from (``input``, ``tensor``...).
-        plat: the torch Platform.
+        plat: the Platform.
         global_shape: the global shape of the draw.
         box: ``(offset, local shape)`` of this rank's shard of the output.
         inplace: fill the local shard in place and return it.
-        no_grad: run the in-place copy under ``torch.no_grad()`` (``nn.init`` functions).
+        no_grad: run the in-place copy outside autograd (``nn.init`` functions).
         from_values: the tensor is already the global tensor (a gathered probability
             tensor of ``bernoulli``): call the function on it directly.
     """
@@ -84,25 +85,18 @@ class GlobalDraw:
         if not self.inplace and "requires_grad" in kwargs:
             kwargs = dict(kwargs)
             rg = bool(kwargs.pop("requires_grad"))
-        if self.from_values:
-            full = x
-        else:
-            full = torch.empty(self.global_shape, dtype=x.dtype, device=x.device)
+        plat = self.plat
+        full = x if self.from_values else plat.full(self.global_shape, 0, x)
         a2, k2 = self.binder.replace(args, kwargs, self.role, full)
 
-        def draw() -> torch.Tensor:
+        def draw() -> Any:
             out = self.func(*a2, **k2)
             return full if self.inplace else out
 
-        box = get_rng_tracker().draw_shard(self.plat, draw, *self.box)
+        box = get_rng_tracker().draw_shard(plat, draw, *self.box)
         if self.inplace:
-            if self.no_grad:
-                with torch.no_grad():
-                    x.copy_(box)
-            else:
-                x.copy_(box)
-            return x
-        return box.requires_grad_() if rg else box
+            return plat.assign(x, box, no_grad=self.no_grad)
+        return plat.set_requires_grad(box) if rg else box
 
 
 class ShardedDropout:
@@ -110,8 +104,8 @@ class ShardedDropout:
     rank's box of the single-device draw.
 
     Args:
-        func: the torch function called; binder: the call's binder.
-        plat: the torch Platform.
+        func: the function called; binder: the call's binder.
+        plat: the Platform.
         global_shape: the input's global shape; box: this rank's ``(offset, local shape)``.
         inplace_call: the function itself is in-place (``torch.dropout_``).
     """
@@ -145,10 +139,10 @@ class ShardedDropout:
         training = b.get(args, kwargs, "training", b.get(args, kwargs, "train", True))
         inplace = self.inplace_call or bool(b.get(args, kwargs, "inplace", False))
         if not training or (isinstance(p, (int, float)) and p == 0):
-            return x  # torch draws nothing and returns the input
-        ones = torch.ones(self.global_shape, dtype=x.dtype, device=x.device)
+            return x  # the framework draws nothing and returns the input
+        ones = self.plat.full(self.global_shape, 1, x)
         a2, k2 = b.replace(args, kwargs, "input", ones)
         if "inplace" in b.pos:  # F.dropout(..., inplace=True): draw on the ones out of place
             a2, k2 = b.replace(a2, k2, "inplace", False)
         mask = get_rng_tracker().draw_shard(self.plat, lambda: self.func(*a2, **k2), *self.box)
-        return x.mul_(mask) if inplace else x * mask
+        return self.plat.inplace_mul(x, mask) if inplace else x * mask

@@ -1,9 +1,10 @@
 """Local kernels of the loss rules (see ``hyper_shard/rules/loss.py``).
 
 * :class:`GlobalMeanLoss` — batch-sharded ``reduction='mean'``: the local ``'sum'`` loss
-  divided by the GLOBAL denominator (non-ignored targets, or their class weights), which
-  costs one scalar all-reduce over the batch-sharding mesh dims. The output is
-  ``Partial(sum)``: the ranks' quotients add up to torch's mean.
+  (the op itself, called with ``reduction='sum'``) divided by the GLOBAL denominator
+  (non-ignored targets, or their class weights), which costs one scalar all-reduce over the
+  batch-sharding mesh dims. The output is ``Partial(sum)``: the ranks' quotients add up to
+  the framework's mean.
 * :func:`sharded_log_softmax` — ``log_softmax`` along a sharded dim without gathering:
   max all-reduce (no gradient needed: it only stabilises), local ``exp``-sum, sum
   all-reduce (differentiable), ``x - max - log(sum)``. Its backward is the true one,
@@ -16,6 +17,9 @@
   common case (``cross_entropy``, class-index targets, no weight) is fused: one
   differentiable all-reduce of per-sample columns (sum-exp, the owner's target logit, the
   smoothing sum) after the max all-reduce, giving a ``Replicate`` loss.
+
+The largest local tensor any of them creates has the local logits' shape: the class dim is
+never gathered. Written against the Platform protocol (torch and MindSpore alike).
 """
 
 from __future__ import annotations
@@ -23,11 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-
-from ....dispatch.op import Binder
-from . import all_reduce, all_reduce_sum
+from ..dispatch.op import Binder
+from . import all_reduce, all_reduce_sum, numel
 
 __all__ = ["GlobalMeanLoss", "ClassParallelLoss", "ShardedLogSoftmax", "sharded_log_softmax"]
 
@@ -42,94 +43,104 @@ def _args(b: Binder, args: tuple, kwargs: dict) -> tuple:
     )
 
 
-def _autocast_fp32(x: torch.Tensor) -> torch.Tensor:
-    """``x`` in float32 if autocast is on for its device and ``x`` is a lower-precision
-    float (as autocast treats its float32 ops), else ``x``."""
-    if x.dtype in (torch.float16, torch.bfloat16) and torch.is_autocast_enabled(x.device.type):
-        return x.float()
-    return x
-
-
 def _index_denominator(
-    target: torch.Tensor,
-    weight: torch.Tensor | None,
+    plat: Any,
+    target: Any,
+    weight: Any | None,
     ignore_index: int,
-    dtype: torch.dtype,
+    dtype: Any,
     local_classes: tuple[int, int] | None = None,
-) -> torch.Tensor:
+) -> Any:
     """This rank's share of the mean's denominator: the number of non-ignored targets, or
     the sum of their class weights (of the classes in ``local_classes = (offset, count)``
     when the weight is sharded with the classes)."""
     valid = target != ignore_index
     if weight is None:
-        return valid.sum().to(dtype)
+        return plat.cast(plat.sum(valid), dtype)
     t = target
     if local_classes is not None:
         off, n = local_classes
         t = t - off
         valid = valid & (t >= 0) & (t < n)
-    idx = torch.where(valid, t, torch.zeros_like(t))
-    w = weight.detach()
-    picked = w[idx] if w.numel() else torch.zeros(idx.shape, dtype=w.dtype, device=w.device)
-    return torch.where(valid, picked, torch.zeros_like(picked)).sum().to(dtype)
+    idx = plat.where(valid, t, 0)
+    w = plat.detach(weight)
+    if numel(plat, w):
+        picked = plat.take_rows(w, idx)
+    else:
+        picked = plat.full(plat.shape(idx), 0, w)
+    return plat.cast(plat.sum(plat.where(valid, picked, 0.0)), dtype)
+
+
+def _stable_max(plat: Any, x: Any, dim: int, groups: Sequence[Any]) -> Any:
+    """The max of ``x`` over ``dim`` across the groups (keepdim), with no gradient; an empty
+    local dim contributes ``-inf``, an all ``-inf`` row gives 0 (the shift is arbitrary)."""
+    with plat.no_grad():
+        if plat.shape(x)[dim] > 0:
+            m = plat.amax(x, dim, True)
+        else:
+            shape = list(plat.shape(x))
+            shape[dim] = 1
+            m = plat.full(shape, float("-inf"), x)
+        m = all_reduce(plat, m, "max", groups)
+        return plat.where(plat.isfinite(m), m, 0.0)
 
 
 class GlobalMeanLoss:
     """``reduction='mean'`` of a batch-sharded loss: local sum / global denominator.
 
     Args:
-        binder: the rule's binder; kind: ``cross_entropy`` or ``nll_loss``.
-        plat: the torch Platform; groups: process groups of the batch-sharding mesh dims.
-        prob_count: for class-probability targets, the global number of samples (torch
+        func: the loss function called (the platform's ``cross_entropy``/``nll_loss``); it
+            runs on the local data with ``reduction='sum'``.
+        binder: the call's binder; kind: ``cross_entropy`` or ``nll_loss``.
+        plat: the Platform; groups: process groups of the batch-sharding mesh dims.
+        prob_count: for class-probability targets, the global number of samples (the mean
             divides by it); None for class-index targets.
     """
 
-    __slots__ = ("binder", "kind", "plat", "groups", "prob_count")
+    __slots__ = ("func", "binder", "kind", "plat", "groups", "prob_count")
 
     def __init__(
-        self, binder: Binder, kind: str, plat: Any, groups: Sequence[Any], prob_count: int | None
+        self,
+        func: Any,
+        binder: Binder,
+        kind: str,
+        plat: Any,
+        groups: Sequence[Any],
+        prob_count: int | None,
     ) -> None:
-        self.binder, self.kind, self.plat = binder, kind, plat
+        self.func, self.binder, self.kind, self.plat = func, binder, kind, plat
         self.groups, self.prob_count = tuple(groups), prob_count
 
     def __repr__(self) -> str:
         what = "sample count" if self.prob_count is not None else "non-ignored targets"
         return f"GlobalMeanLoss({self.kind}: local sum / global {what})"
 
-    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        x, t, w, ii, ls = _args(self.binder, args, kwargs)
-        if self.kind == "cross_entropy":
-            s = F.cross_entropy(x, t, w, ignore_index=ii, reduction="sum", label_smoothing=ls)
-        else:
-            s = F.nll_loss(x, t, w, ignore_index=ii, reduction="sum")
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        b = self.binder
+        a2, k2 = b.replace(args, kwargs, "reduction", "sum")
+        for legacy in ("size_average", "reduce"):  # torch's deprecated flags decide nothing now
+            if legacy in b.pos and b.get(a2, k2, legacy) is not None:
+                a2, k2 = b.replace(a2, k2, legacy, None)
+        s = self.func(*a2, **k2)
         if self.prob_count is not None:
             return s / self.prob_count
-        d = _index_denominator(t, w, ii, s.dtype)
+        _, t, w, ii, _ = _args(b, args, kwargs)
+        d = _index_denominator(self.plat, t, w, ii, self.plat.dtype_of(s))
         return s / all_reduce(self.plat, d, "sum", self.groups)
 
 
-def sharded_log_softmax(
-    plat: Any, x: torch.Tensor, dim: int, groups: Sequence[Any]
-) -> torch.Tensor:
+def sharded_log_softmax(plat: Any, x: Any, dim: int, groups: Sequence[Any]) -> Any:
     """``log_softmax(x, dim)`` of a tensor sharded along ``dim`` over ``groups`` (the local
     result is this rank's slice of the global one)."""
-    with torch.no_grad():
-        if x.shape[dim] > 0:
-            m = x.amax(dim, keepdim=True)
-        else:
-            shape = list(x.shape)
-            shape[dim] = 1
-            m = torch.full(shape, float("-inf"), dtype=x.dtype, device=x.device)
-        m = all_reduce(plat, m, "max", groups)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    z = x - m
-    s = all_reduce_sum(plat, z.exp().sum(dim, keepdim=True), groups)
-    return z - s.log()
+    z = x - _stable_max(plat, x, dim, groups)
+    s = all_reduce_sum(plat, plat.sum(plat.exp(z), dim, True), groups)
+    return z - plat.log(s)
 
 
 class ShardedLogSoftmax:
-    """``log_softmax(input, dim, ..., dtype=None)`` along a sharded dim (torch calling
-    convention: ``torch.log_softmax``, ``Tensor.log_softmax``, ``F.log_softmax``)."""
+    """``log_softmax(input, dim, ..., dtype=None)`` along a sharded dim (any calling
+    convention whose binder names ``input``; a dtype argument, positional or ``dtype=``,
+    casts the input first, as torch and ``mint`` do)."""
 
     __slots__ = ("binder", "plat", "dim", "groups")
 
@@ -139,14 +150,15 @@ class ShardedLogSoftmax:
     def __repr__(self) -> str:
         return f"ShardedLogSoftmax(dim={self.dim}, over {len(self.groups)} mesh dim(s))"
 
-    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        plat = self.plat
         x = self.binder.get(args, kwargs, "input")
         dtype = kwargs.get("dtype")
         if dtype is None:
-            dtype = next((a for a in args[1:] if isinstance(a, torch.dtype)), None)
+            dtype = next((a for a in args[1:] if plat.is_dtype(a)), None)
         if dtype is not None:
-            x = x.to(dtype)
-        return sharded_log_softmax(self.plat, x, self.dim, self.groups)
+            x = plat.cast(x, dtype)
+        return sharded_log_softmax(plat, x, self.dim, self.groups)
 
 
 class ClassParallelLoss:
@@ -155,7 +167,7 @@ class ClassParallelLoss:
 
     Args:
         binder: the rule's binder; kind: ``cross_entropy`` or ``nll_loss``.
-        plat: the torch Platform.
+        plat: the Platform.
         describe: the call's description (for the error outside ``loss_parallel``).
         class_dim: the class dim of the input; class_offset: this rank's first class;
         n_classes: the global class count.
@@ -210,8 +222,8 @@ class ClassParallelLoss:
             f"{self.class_offset} of {self.n_classes}, reduction={self.reduction!r})"
         )
 
-    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        from ....rules.loss import loss_parallel_enabled
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from ..rules.loss import loss_parallel_enabled
 
         if not loss_parallel_enabled():  # as PyTorch: gather the classes (hint once)
             from .loss_gather import gathered_loss
@@ -219,24 +231,26 @@ class ClassParallelLoss:
             return gathered_loss(self, args, kwargs)
         return self.compute(args, kwargs)
 
-    def compute(self, args: tuple, kwargs: dict) -> torch.Tensor:
+    def compute(self, args: tuple, kwargs: dict) -> Any:
         """The loss from the (local) arguments, classes ``[class_offset, ...)`` local."""
+        plat = self.plat
         x, t, w, ii, ls = _args(self.binder, args, kwargs)
         # autocast runs cross_entropy/nll_loss in float32 (torch's autocast op lists);
         # this kernel is made of other ops, so it applies that policy itself
-        x, w = _autocast_fp32(x), (_autocast_fp32(w) if w is not None else None)
+        x = plat.loss_precision(x)
+        w = plat.loss_precision(w) if w is not None else None
         cd = self.class_dim
         if self.replicated_output(w is not None):
             return self._reduce(self._fused_index_loss(x, t, ii, ls), t, None, ii)
         if self.kind == "nll_loss":
             logp, ls = x, 0.0
         else:
-            logp = sharded_log_softmax(self.plat, x, cd, self.class_groups)
+            logp = sharded_log_softmax(plat, x, cd, self.class_groups)
         if self.prob_count is not None:
             per = self._prob_target(logp, t, w, ls)
         else:
             per = self._index_target(logp, t, w, ii, ls)
-        return self._reduce(per, t, w, ii, x.shape[cd])
+        return self._reduce(per, t, w, ii, plat.shape(x)[cd])
 
     def replicated_output(self, weighted: bool) -> bool:
         """Whether the per-sample loss comes out Replicate over the class-sharding mesh
@@ -244,115 +258,95 @@ class ClassParallelLoss:
         Partial(sum) there. The rule declares the same (rules/loss.py)."""
         return self.kind == "cross_entropy" and self.prob_count is None and not weighted
 
-    def _fused_index_loss(
-        self, x: torch.Tensor, t: torch.Tensor, ignore_index: int, ls: float
-    ) -> torch.Tensor:
+    def _pick(self, v: Any, own: Any, lt: Any) -> Any:
+        """``v``'s entry at each sample's local target class (0 where this rank does not own
+        it), as a per-sample tensor that stays connected to ``v``'s autograd graph."""
+        plat, cd = self.plat, self.class_dim
+        if plat.shape(v)[cd] > 0:
+            idx = plat.where(own, lt, 0)
+            picked = plat.squeeze(plat.gather(v, cd, plat.unsqueeze(idx, cd)), cd)
+        else:  # no local class: zeros that keep the autograd graph connected
+            picked = plat.sum(v, cd) * 0
+        return plat.where(own, picked, 0.0)
+
+    def _fused_index_loss(self, x: Any, t: Any, ignore_index: int, ls: float) -> Any:
         """Per-sample cross_entropy with one differentiable all-reduce over the class
         groups: each rank sums its classes' ``exp(x - max)``, its share of the target's
         shifted logit (the owner's value, 0 elsewhere) and, with label smoothing, of the
         shifted logits; the summed columns give ``log S - z_t`` (and the smoothing term)
         identical on every rank, so the loss is Replicate and reading it needs no further
         collective. The max all-reduce only stabilises (no gradient)."""
-        cd = self.class_dim
-        with torch.no_grad():
-            if x.shape[cd] > 0:
-                m = x.amax(cd, keepdim=True)
-            else:
-                shape = list(x.shape)
-                shape[cd] = 1
-                m = torch.full(shape, float("-inf"), dtype=x.dtype, device=x.device)
-            m = all_reduce(self.plat, m, "max", self.class_groups)
-            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        z = x - m
-        n_local = x.shape[cd]
+        plat, cd = self.plat, self.class_dim
+        z = x - _stable_max(plat, x, cd, self.class_groups)
+        n_local = plat.shape(x)[cd]
         valid = t != ignore_index
         lt = t - self.class_offset
         own = valid & (lt >= 0) & (lt < n_local)
-        if n_local > 0:
-            idx = torch.where(own, lt, torch.zeros_like(lt))
-            zt = z.gather(cd, idx.unsqueeze(cd)).squeeze(cd)
-        else:  # no local class: zeros that keep the autograd graph connected
-            zt = z.sum(cd) * 0
-        cols = [z.exp().sum(cd), torch.where(own, zt, torch.zeros_like(zt))]
+        cols = [plat.sum(plat.exp(z), cd), self._pick(z, own, lt)]
         if ls > 0.0:
-            cols.append(z.sum(cd))
-        tot = all_reduce_sum(self.plat, torch.stack(cols, -1), self.class_groups)
-        log_s = tot[..., 0].log()
-        per = log_s - tot[..., 1]
+            cols.append(plat.sum(z, cd))
+        tot = all_reduce_sum(plat, plat.stack(cols, -1), self.class_groups)
+        log_s = plat.log(plat.select(tot, -1, 0))
+        per = log_s - plat.select(tot, -1, 1)
         if ls > 0.0:
-            smooth = self.n_classes * log_s - tot[..., 2]  # -(sum over classes of logp)
+            smooth = self.n_classes * log_s - plat.select(tot, -1, 2)  # -(sum of logp)
             per = (1.0 - ls) * per + (ls / self.n_classes) * smooth
-        return torch.where(valid, per, torch.zeros_like(per))
+        return plat.where(valid, per, 0.0)
 
-    def _reduce(
-        self,
-        per: torch.Tensor,
-        t: torch.Tensor,
-        w: torch.Tensor | None,
-        ii: int,
-        n_local: int = 0,
-    ) -> torch.Tensor:
+    def _reduce(self, per: Any, t: Any, w: Any | None, ii: int, n_local: int = 0) -> Any:
         if self.reduction == "none":
             return per
-        total = per.sum()
+        plat = self.plat
+        total = plat.sum(per)
         if self.reduction == "sum":
             return total
         if self.prob_count is not None:
             return total / self.prob_count
+        dtype = plat.dtype_of(total)
         if w is None:
-            d = _index_denominator(t, None, ii, total.dtype)
-            d = all_reduce(self.plat, d, "sum", self.batch_groups)
+            d = _index_denominator(plat, t, None, ii, dtype)
+            d = all_reduce(plat, d, "sum", self.batch_groups)
         else:
             local = (self.class_offset, n_local)
-            d = _index_denominator(t, w, ii, total.dtype, local)
-            d = all_reduce(self.plat, d, "sum", self.class_groups + self.batch_groups)
+            d = _index_denominator(plat, t, w, ii, dtype, local)
+            d = all_reduce(plat, d, "sum", self.class_groups + self.batch_groups)
         return total / d
 
-    def _weight_view(self, w: torch.Tensor, ndim: int) -> torch.Tensor:
+    def _weight_view(self, w: Any, ndim: int) -> Any:
         shape = [1] * ndim
-        shape[self.class_dim] = w.shape[0]
-        return w.view(shape)
+        shape[self.class_dim] = self.plat.shape(w)[0]
+        return self.plat.reshape(w, shape)
 
-    def _index_target(
-        self,
-        logp: torch.Tensor,
-        t: torch.Tensor,
-        w: torch.Tensor | None,
-        ignore_index: int,
-        ls: float,
-    ) -> torch.Tensor:
-        cd = self.class_dim
-        n_local = logp.shape[cd]
+    def _index_target(self, logp: Any, t: Any, w: Any | None, ignore_index: int, ls: float) -> Any:
+        plat, cd = self.plat, self.class_dim
+        n_local = plat.shape(logp)[cd]
         valid = t != ignore_index
         lt = t - self.class_offset
         own = valid & (lt >= 0) & (lt < n_local)
-        idx = torch.where(own, lt, torch.zeros_like(lt))
-        if n_local > 0:
-            picked = logp.gather(cd, idx.unsqueeze(cd)).squeeze(cd)
-        else:  # no local class: a zero that keeps the autograd graph connected
-            picked = logp.sum(cd) * 0
-        zero = torch.zeros_like(picked)
-        picked = torch.where(own, picked, zero)
+        picked = self._pick(logp, own, lt)
         if w is not None:
-            wt = w.detach()[idx] if n_local > 0 else zero.detach()
-            nll = -torch.where(own, wt, torch.zeros_like(wt)) * picked
+            if n_local > 0:
+                wt = plat.take_rows(plat.detach(w), plat.where(own, lt, 0))
+                nll = -plat.where(own, wt, 0.0) * picked
+            else:
+                nll = -picked
         else:
             nll = -picked
         if ls <= 0.0:
             return nll
+        ndim = len(plat.shape(logp))
         if w is not None:
-            smooth = -(logp * self._weight_view(w.detach(), logp.dim())).sum(cd)
+            smooth = -plat.sum(logp * self._weight_view(plat.detach(w), ndim), cd)
         else:
-            smooth = -logp.sum(cd)
-        smooth = torch.where(valid, smooth, torch.zeros_like(smooth))
+            smooth = -plat.sum(logp, cd)
+        smooth = plat.where(valid, smooth, 0.0)
         return (1.0 - ls) * nll + (ls / self.n_classes) * smooth
 
-    def _prob_target(
-        self, logp: torch.Tensor, t: torch.Tensor, w: torch.Tensor | None, ls: float
-    ) -> torch.Tensor:
+    def _prob_target(self, logp: Any, t: Any, w: Any | None, ls: float) -> Any:
         if ls > 0.0:
             t = t * (1.0 - ls) + ls / self.n_classes
         prod = logp * t
         if w is not None:
-            prod = prod * self._weight_view(w.detach(), logp.dim())
-        return -prod.sum(self.class_dim)
+            ndim = len(self.plat.shape(logp))
+            prod = prod * self._weight_view(self.plat.detach(w), ndim)
+        return -self.plat.sum(prod, self.class_dim)

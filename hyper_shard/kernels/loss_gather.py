@@ -5,7 +5,7 @@ gathered alike). The first such call of each op warns once that ``loss_parallel(
 computes the same loss without the gather.
 
 The decision (and so the output placements) is the class-parallel one of
-:class:`~hyper_shard.platform.torch.kernels.loss.ClassParallelLoss`, made once for both
+:class:`~hyper_shard.kernels.loss.ClassParallelLoss`, made once for both
 contexts: a ``Replicate`` loss (cross_entropy, class-index targets, no weight) comes out
 identical on every rank; a ``Partial(sum)`` one is the whole loss on class coordinate 0 and
 zero elsewhere. Backward follows the gather's (a reduce-scatter of the logits' gradient).
@@ -17,10 +17,8 @@ import copy
 import warnings
 from typing import Any
 
-import torch
-
-from ....dtensor import redistribute_local
-from ....placement import Replicate, Shard
+from ..dtensor import redistribute_local
+from ..placement import Replicate, Shard
 
 __all__ = ["gathered_loss"]
 
@@ -37,7 +35,7 @@ def _whole(plat: Any, t: Any, spec: Any, dim: int) -> Any:
     return redistribute_local(plat, t, spec, dst) if dst.placements != spec.placements else t
 
 
-def gathered_loss(kernel: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+def gathered_loss(kernel: Any, args: tuple, kwargs: dict) -> Any:
     """The loss of ``kernel``'s call with the class dim gathered (see the module docstring).
 
     ``kernel.gather_specs`` maps ``input``/``target``/``weight`` to the spec of that argument

@@ -1,0 +1,241 @@
+"""What the two Llama tensor-parallel jobs share: the corpus, the tensor-parallel plan, the
+command-line flags, the config check and the report (loss table, summary, loss plot).
+
+``examples/train_llama_tp.py`` (PyTorch, Hugging Face ``LlamaForCausalLM``) and
+``examples/mindspore_llama_tp.py`` (MindSpore, a Llama decoder built from ``mint.nn``
+Cells with the same module names) import it; nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+__all__ = ["stdlib_text", "llama_tp_plan", "add_common_args", "validate", "report", "write_plot"]
+
+
+# ---------------------------------------------------------------------------- data
+def stdlib_text(max_bytes: int = 1 << 18) -> bytes:
+    """English prose from the standard library: the module, class and function docstrings
+    of ``<stdlib>/*.py`` in sorted file order (deterministic for a Python install), read
+    with ``ast`` (nothing is imported or downloaded)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    parts: list[str] = []
+    total = 0
+    for path in sorted(root.glob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) >= 64:
+                    parts.append(doc)
+                    total += len(doc) + 2
+        if total >= max_bytes:
+            break
+    return "\n\n".join(parts).encode("utf-8")[:max_bytes]
+
+
+# ---------------------------------------------------------------------------- plan
+def llama_tp_plan(sp: bool, styles: Any, Replicate: Any, Shard: Any) -> dict[str, Any]:
+    """The tensor-parallel plan of ``LlamaForCausalLM``.
+
+    ``styles`` is a module (or namespace) with ``ColwiseParallel``, ``RowwiseParallel``,
+    ``SequenceParallel`` and ``PrepareModuleInput``: ``hyper_shard.parallel`` here,
+    ``torch.distributed.tensor.parallel`` in ``benchmarks/bench_tp_step.py`` (same plan).
+    Attention runs on each rank's heads as plain local tensors (rotary embedding, GQA and
+    ``sdpa`` need no sharding rule); the logits stay a ``Shard(-1)`` DTensor for
+    ``loss_parallel``.
+    """
+    col, row = styles.ColwiseParallel, styles.RowwiseParallel
+    layer = "model.layers.*."
+    plan: dict[str, Any] = {
+        layer + "self_attn.q_proj": col(),
+        layer + "self_attn.k_proj": col(),
+        layer + "self_attn.v_proj": col(),
+        layer + "mlp.gate_proj": col(),
+        layer + "mlp.up_proj": col(),
+    }
+    if not sp:
+        plan.update(
+            {
+                "model.embed_tokens": row(input_layouts=Replicate()),
+                layer + "self_attn.o_proj": row(),
+                layer + "mlp.down_proj": row(),
+                "lm_head": col(output_layouts=Shard(-1), use_local_output=False),
+            }
+        )
+        return plan
+    seq, prep = styles.SequenceParallel, styles.PrepareModuleInput
+    plan.update(
+        {
+            # the residual stream is each rank's sequence shard (plain local tensors)
+            "model.embed_tokens": row(input_layouts=Replicate(), output_layouts=Shard(1)),
+            layer + "input_layernorm": seq(),
+            # attention and MLP get the gathered sequence as a Replicate DTensor: the
+            # backward of the all-gather is then one reduce-scatter of q/k/v's (gate/up's)
+            # summed input gradient
+            layer + "self_attn": prep(
+                input_kwarg_layouts={"hidden_states": Shard(1)},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+            ),
+            layer + "self_attn.o_proj": row(output_layouts=Shard(1)),
+            layer + "post_attention_layernorm": seq(),
+            layer + "mlp": prep(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            layer + "mlp.down_proj": row(output_layouts=Shard(1)),
+            "model.norm": seq(use_local_output=True),
+            "lm_head": col(
+                input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False
+            ),
+        }
+    )
+    return plan
+
+
+# ---------------------------------------------------------------------------- flags
+def add_common_args(ap: argparse.ArgumentParser, out_dir: Path) -> None:
+    """The flags both jobs take (model size, batch, optimizer, --sp, --check, report)."""
+    ap.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
+    ap.add_argument("--batch", type=int, default=8, help="sequences per step (default 8)")
+    ap.add_argument("--seq", type=int, default=64, help="bytes per sequence (default 64)")
+    ap.add_argument("--hidden", type=int, default=128, help="hidden size (default 128)")
+    ap.add_argument("--ffn", type=int, default=384, help="MLP intermediate size (default 384)")
+    ap.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
+    ap.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    ap.add_argument("--kv-heads", type=int, default=2, help="key/value heads (default 2, GQA)")
+    ap.add_argument("--lr", type=float, default=7e-4, help="AdamW learning rate (default 7e-4)")
+    ap.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
+    ap.add_argument("--seed", type=int, default=0, help="init seed; batches use seed + 1")
+    ap.add_argument("--sp", action="store_true", help="sequence parallel on the norms too")
+    ap.add_argument("--nproc", type=int, default=2, help="CPU ranks to spawn (default 2)")
+    ap.add_argument("--check", action="store_true", help="fail if a loss differs by > --rtol")
+    ap.add_argument("--rtol", type=float, default=1e-4, help="--check tolerance (default 1e-4)")
+    ap.add_argument("--table-every", type=int, default=0, help="table row interval (0: ~12 rows)")
+    ap.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
+    ap.add_argument(
+        "--out-dir", type=Path, default=out_dir, help=f"where the plot goes (default {out_dir})"
+    )
+
+
+def validate(args: argparse.Namespace, world: int) -> None:
+    """Exit with a message if the config cannot be split over ``world`` ranks."""
+    if args.hidden % args.heads or args.heads % args.kv_heads:
+        raise SystemExit(
+            f"--hidden {args.hidden} must be a multiple of --heads {args.heads}, and --heads a "
+            f"multiple of --kv-heads {args.kv_heads}"
+        )
+    for name, n in (("--heads", args.heads), ("--kv-heads", args.kv_heads), ("--ffn", args.ffn)):
+        if n % world:
+            raise SystemExit(f"{name} {n} must be divisible by the number of ranks {world}")
+    if args.sp and args.seq % world:
+        raise SystemExit(f"--seq {args.seq} must be divisible by {world} ranks with --sp")
+
+
+# ---------------------------------------------------------------------------- report
+def report(
+    args: argparse.Namespace,
+    world: int,
+    tp: dict,
+    single: dict,
+    wall: float,
+    *,
+    title: str = "LlamaForCausalLM",
+    stem: str = "train_llama_tp",
+) -> int:
+    """Print the table and summary, write the plot (``<out_dir>/<stem>[_sp]_loss.png``,
+    titled ``title``); return the exit code (1 when ``--check`` fails)."""
+    tok = args.batch * args.seq
+    start = tp.get("start", 0)  # --resume: the TP run covers steps start.. only
+    single = {k: v[start:] for k, v in single.items()}
+    n = len(tp["losses"])
+    every = max(1, args.table_every or n // 12)
+    rows = sorted(set(range(0, n, every)) | {n - 1})
+    print(
+        f"\n{'step':>5} {'TP loss':>10} {'single loss':>12} {'rel diff':>9} "
+        f"{'TP tok/s':>9} {'single tok/s':>13}"
+    )
+    worst, worst_step = 0.0, 0
+    for i, (a, b) in enumerate(zip(tp["losses"], single["losses"])):
+        rel = abs(a - b) / max(abs(b), 1e-12)
+        if rel > worst:
+            worst, worst_step = rel, i
+    for i in rows:
+        a, b = tp["losses"][i], single["losses"][i]
+        rel = abs(a - b) / max(abs(b), 1e-12)
+        print(
+            f"{start + i:>5} {a:>10.5f} {b:>12.5f} {rel:>9.1e} {tok / tp['times'][i]:>9.0f} "
+            f"{tok / single['times'][i]:>13.0f}"
+        )
+    steady = slice(1, None) if n > 1 else slice(None)
+    tp_rate = tok * len(tp["times"][steady]) / sum(tp["times"][steady])
+    one_rate = tok * len(single["times"][steady]) / sum(single["times"][steady])
+    sp = " + sequence parallel" if args.sp else ""
+    resumed = f" (resumed at step {start} from {getattr(args, 'resume', None)})" if start else ""
+    print(
+        f"\nLlama {args.layers}x{args.hidden} (ffn {args.ffn}, {args.heads} heads / "
+        f"{args.kv_heads} kv), batch {args.batch}x{args.seq} bytes, {n} steps{resumed}, TP over "
+        f"{world} ranks{sp}"
+    )
+    tail = tp["losses"][-10:]
+    print(
+        f"loss {tp['losses'][0]:.4f} -> {tp['losses'][-1]:.4f} (mean of the last {len(tail)} "
+        f"steps {sum(tail) / len(tail):.4f}); max relative loss difference TP vs single device "
+        f"{worst:.2e} (step {start + worst_step})"
+    )
+    print(
+        f"throughput (steps 1..): TP {tp_rate:.0f} tok/s, single device {one_rate:.0f} tok/s; "
+        f"wall time {wall:.1f}s"
+    )
+    plot = write_plot(args, world, tp, single, title=title, stem=stem)
+    if plot is not None:
+        print(f"loss curves: {plot}")
+    if args.check:
+        if worst > args.rtol:
+            print(
+                f"--check FAILED: step {start + worst_step} TP loss {tp['losses'][worst_step]:.6f} vs "
+                f"single-device {single['losses'][worst_step]:.6f} (relative {worst:.2e} > "
+                f"{args.rtol:.0e})"
+            )
+            return 1
+        print(f"--check passed: every step within {args.rtol:.0e} relative")
+    return 0
+
+
+def write_plot(
+    args: argparse.Namespace,
+    world: int,
+    tp: dict,
+    single: dict,
+    *,
+    title: str = "LlamaForCausalLM",
+    stem: str = "train_llama_tp",
+) -> Path | None:
+    if args.no_plot:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    path = args.out_dir / f"{stem}{'_sp' if args.sp else ''}_loss.png"
+    start = tp.get("start", 0)
+    steps = range(start, start + len(tp["losses"]))
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    ax.plot(steps, single["losses"], label="single device", linewidth=3, alpha=0.45)
+    ax.plot(steps, tp["losses"], label=f"tensor parallel, {world} ranks", linewidth=1.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats / byte)")
+    sp = " + SP" if args.sp else ""
+    ax.set_title(f"{title} {args.layers}x{args.hidden}, byte-level stdlib docstrings (TP{sp})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

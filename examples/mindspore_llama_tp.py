@@ -1,0 +1,176 @@
+"""Train a Llama-style decoder on MindSpore with tensor parallelism on hyper_shard DTensors.
+
+The MindSpore counterpart of ``examples/train_llama_tp.py``: the same byte-level corpus
+(the standard library's docstrings), the same sizes and flags, the same tensor-parallel
+plan (``examples/llama_common.py``: q/k/v and gate/up column-parallel, o/down
+row-parallel, the token embedding vocab-parallel, the LM head column-parallel with its
+class-sharded logits fed to ``ops.cross_entropy`` under ``loss_parallel()``; ``--sp`` adds
+sequence parallelism on the RMSNorms), the same table, progress bar and loss plot.
+
+The model is a Llama decoder built from ``mint.nn`` Cells
+(``examples/mindspore_llama_model.py``: RoPE, grouped-query attention, RMSNorm, SwiGLU;
+``--tie`` shares the embedding with the LM head): neither mindformers (it needs
+MindSpore 2.11 and hyper-parallel) nor mindnlp (MindSpore <= 2.7) installs with MindSpore
+2.10. The optimizer is ``mindspore.nn.AdamWeightDecay``.
+
+The TP job runs on ``--nproc`` spawned CPU ranks (mccl through a TCPStore, PyNative,
+``launch_blocking``); the reference is the same model, seed, batches and optimizer in one
+plain MindSpore process. ``--check`` fails unless every step's losses agree to 1e-4
+relative.
+
+    python examples/mindspore_llama_tp.py --check              # 2 CPU ranks
+    python examples/mindspore_llama_tp.py --sp --steps 50      # sequence parallel too
+
+On a cluster launch ``train`` on every rank with ``msrun`` (docs/mindspore.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llama_common import (  # noqa: E402  (the examples directory first on the path)
+    add_common_args,
+    llama_tp_plan,
+    report,
+    stdlib_text,
+    validate,
+)
+
+__all__ = ["train", "load_data", "batches", "parse_args", "main"]
+
+OUT_DIR = Path(__file__).resolve().parent / "out"
+VOCAB = 256  # byte-level
+
+
+def load_data() -> np.ndarray:
+    """The corpus as a 1-D array of byte values (int32).
+
+    Raises:
+        SystemExit: the Python install ships no standard-library sources to read.
+    """
+    text = stdlib_text()
+    if len(text) < 4096:
+        raise SystemExit(
+            f"found only {len(text)} bytes of docstrings under {sysconfig.get_paths()['stdlib']}"
+        )
+    return np.frombuffer(text, dtype=np.uint8).astype(np.int32)
+
+
+def batches(
+    data: np.ndarray, steps: int, batch: int, seq: int, seed: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``steps`` batches of ``batch`` random windows of ``seq + 1`` bytes: (inputs, targets
+    shifted by one). The same seed gives the same batches in every process."""
+    rs = np.random.RandomState(seed)
+    starts = rs.randint(0, data.size - seq - 1, (steps, batch))
+    offs = np.arange(seq + 1)
+    out = []
+    for s in starts:
+        w = data[s[:, None] + offs]
+        out.append((np.ascontiguousarray(w[:, :-1]), np.ascontiguousarray(w[:, 1:])))
+    return out
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from mindspore_llama_model import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=args.hidden,
+        intermediate_size=args.ffn,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        max_position_embeddings=args.seq,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=args.tie,
+    )
+
+
+def train(rank: int, world: int, args: argparse.Namespace, data: np.ndarray, tp: bool) -> dict:
+    """One rank's run: tensor parallel over ``world`` ranks through hyper_shard when ``tp``,
+    else plain MindSpore in one process. Returns ``{"losses", "times"}`` (per step)."""
+    import mindspore as ms
+    from mindspore import Tensor, nn, ops
+    from mindspore_llama_model import build_model
+    from tqdm import tqdm
+
+    net = build_model(_config(args), args.seed)
+    mesh = None
+    if tp:
+        from hyper_shard import Replicate, Shard, init_device_mesh
+        from hyper_shard import parallel as hp
+
+        mesh = init_device_mesh("CPU", (world,), mesh_dim_names=("tp",))
+        hp.parallelize_module(net, mesh, llama_tp_plan(args.sp, hp, Replicate, Shard))
+    opt = nn.AdamWeightDecay(
+        net.trainable_params(), learning_rate=args.lr, weight_decay=args.weight_decay
+    )
+
+    if tp:
+        from hyper_shard import DTensor
+        from hyper_shard.parallel import loss_parallel
+        from hyper_shard.platform.mindspore.autograd import optimizer_grads, value_and_grad
+
+        def loss_fn(x: Any, y: Any) -> Any:
+            logits = net(x)  # DTensor [b, s, V], Shard(-1): never gathered
+            target = DTensor.from_local(y.reshape(-1), mesh, [Replicate()])
+            with loss_parallel():
+                return ops.cross_entropy(logits.reshape(-1, VOCAB), target)
+
+        grad_fn = value_and_grad(loss_fn, None, opt.parameters)
+    else:
+
+        def loss_fn(x: Any, y: Any) -> Any:
+            return ops.cross_entropy(net(x).reshape(-1, VOCAB), y.reshape(-1))
+
+        grad_fn = ms.value_and_grad(loss_fn, None, opt.parameters)
+    losses, times = [], []
+    desc = f"TP x{world}" if tp else "single process"
+    bar = tqdm(total=args.steps, desc=desc, unit="step", disable=rank != 0)
+    for x, y in batches(data, args.steps, args.batch, args.seq, args.seed + 1):
+        t0 = time.perf_counter()
+        loss, grads = grad_fn(Tensor(x), Tensor(y))
+        opt(optimizer_grads(grads, opt.parameters) if tp else grads)
+        value = float((loss.to_local() if tp else loss).asnumpy())
+        times.append(time.perf_counter() - t0)
+        losses.append(value)
+        bar.set_postfix(loss=f"{value:.4f}")
+        bar.update()
+    bar.close()
+    return {"losses": losses, "times": times}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_common_args(ap, OUT_DIR)
+    ap.add_argument("--tie", action="store_true", help="share the embedding with the LM head")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    validate(args, args.nproc)
+    from hyper_shard.platform.mindspore.launch import spawn
+
+    data = load_data()  # read once here, shared with the ranks
+    t0 = time.perf_counter()
+    tp = spawn(train, args.nproc, args, data, True, timeout=3600)[0]
+    wall = time.perf_counter() - t0
+    single = spawn(train, 1, args, data, False, timeout=3600)[0]
+    title = "MindSpore Llama" + (" (tied head)" if args.tie else "")
+    return report(args, args.nproc, tp, single, wall, title=title, stem="mindspore_llama_tp")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Binding MindSpore's Python-level functions (``ops.cross_entropy``, ``ops.dropout``...).
+
+MindSpore hooks a Tensor subclass at the Primitive level only (``__fallback__``): a
+composite Python function such as ``mindspore.ops.cross_entropy`` reaches hyper_shard as
+the many Primitives it is made of (``typeof``, ``ReduceMax``, ``SubExt``, ``GatherD``...),
+which loses the op a rule exists for (a vocab-parallel loss, a sharded dropout draw). torch
+has ``__torch_function__`` for this; MindSpore has nothing, so hyper_shard adds it for the
+functions the op specs name:
+
+* a ``mindspore:`` name with a module path (``mindspore.ops.cross_entropy``) binds that
+  function. When the registry is bound, every loaded ``mindspore*`` module attribute that
+  *is* the function (``mindspore.ops.cross_entropy`` is also
+  ``mindspore.ops.function.nn_func.cross_entropy`` and ``mindspore.ops.functional...``)
+  is replaced by a thin wrapper, as is the attribute of the function's own module;
+* the wrapper passes plain calls straight to the original function (one scan of the
+  arguments for a DTensor, well under a microsecond); a call with a DTensor argument is
+  dispatched as one op named by the dotted name, whose local op is the original function
+  run on the local tensors.
+
+Code that captured the original function object before hyper_shard was imported (``from
+mindspore.ops import cross_entropy`` at import time) keeps calling the original, which
+decomposes into Primitives as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .dispatch import _PseudoPrimitive, ms_dispatch
+
+__all__ = ["resolve", "install", "bound_functions"]
+
+#: dotted name -> the original function (never a wrapper)
+_ORIGINALS: dict[str, Callable] = {}
+#: dotted name -> the wrapper installed for it
+_WRAPPERS: dict[str, Callable] = {}
+
+
+def resolve(name: str) -> Callable | None:
+    """The function ``name`` (``package.module.attr``) names, or None if it does not exist.
+    A name already bound resolves to its original function."""
+    if name in _ORIGINALS:
+        return _ORIGINALS[name]
+    mod_name, _, attr = name.rpartition(".")
+    if not mod_name:
+        return None
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError:
+        return None
+    fn = getattr(mod, attr, None)
+    if fn is None or not callable(fn):
+        return None
+    return getattr(fn, "__hyper_shard_original__", fn)
+
+
+def bound_functions() -> dict[str, Callable]:
+    """Dotted name -> original function, for every function bound so far."""
+    return dict(_ORIGINALS)
+
+
+def _make_wrapper(name: str, orig: Callable, dt_type: type) -> Callable:
+    pseudo = _PseudoPrimitive(name, orig)
+
+    @functools.wraps(orig)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        for a in args:
+            if isinstance(a, dt_type):
+                break
+        else:
+            for v in kwargs.values():
+                if isinstance(v, dt_type):
+                    break
+            else:
+                return orig(*args, **kwargs)
+        return ms_dispatch(pseudo, args, kwargs)
+
+    wrapper.__hyper_shard_original__ = orig  # type: ignore[attr-defined]
+    return wrapper
+
+
+def install(names: Iterable[str], dt_type: type) -> None:
+    """Wrap every function in ``names`` (idempotent; see the module docstring).
+
+    Raises:
+        ValueError: a name that does not resolve to a function.
+    """
+    pending: dict[int, tuple[Callable, Callable]] = {}
+    own: list[tuple[str, Callable]] = []
+    for name in names:
+        if name in _WRAPPERS:
+            continue
+        orig = resolve(name)
+        if orig is None:
+            raise ValueError(f"{name!r} is not an importable function")
+        wrapper = _make_wrapper(name, orig, dt_type)
+        _ORIGINALS[name] = orig
+        _WRAPPERS[name] = wrapper
+        pending[id(orig)] = (orig, wrapper)
+        own.append((name, wrapper))
+    if not pending:
+        return
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is None or not mod_name.startswith("mindspore"):
+            continue
+        d = getattr(mod, "__dict__", None)
+        if not d:
+            continue
+        for attr, value in list(d.items()):
+            hit = pending.get(id(value))
+            if hit is not None and hit[0] is value:
+                setattr(mod, attr, hit[1])
+    for name, wrapper in own:  # the function's own module (hyper_shard's functions too)
+        mod_name, _, attr = name.rpartition(".")
+        owner = sys.modules.get(mod_name)
+        if owner is not None:
+            setattr(owner, attr, wrapper)
