@@ -159,6 +159,10 @@ for _n in _PASSTHROUGH_METHODS:
     if hasattr(T, _n):
         PROTOCOL_HANDLERS[getattr(T, _n)] = _passthrough(getattr(T, _n))
 PROTOCOL_HANDLERS[T.requires_grad.__set__] = _passthrough(T.requires_grad.__set__)
+# nn.Module._apply (to_empty, .to) asks whether it may swap a parameter's data in place
+PROTOCOL_HANDLERS[torch._has_compatible_shallow_copy_type] = _passthrough(
+    torch._has_compatible_shallow_copy_type
+)
 
 
 @_on(T.grad.__get__, T._grad.__get__)
