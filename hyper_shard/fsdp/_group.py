@@ -198,7 +198,10 @@ class FSDPParamGroup:
         self._pending_gather = None
         for b, res in pend:
             flat = res.wait()
-            outs = [self.params[i].buffer_for(s.slot_numel, flat) for i, s in zip(b.indices, b.layout.slots)]
+            outs = [
+                self.params[i].buffer_for(s.slot_numel, flat)
+                for i, s in zip(b.indices, b.layout.slots)
+            ]
             with self.fw.preserve_versions(outs):
                 copy_out(self.plat, b.layout, flat, outs)
         for p in self.params:
@@ -324,7 +327,9 @@ class FSDPParamGroup:
         key = tuple(id(p) for p in params)
         layout = self._rs_layouts.get(key)
         if layout is None:
-            layout = self._rs_layouts[key] = FlatLayout([p.shape for p in params], self.info.shard_size)
+            layout = self._rs_layouts[key] = FlatLayout(
+                [p.shape for p in params], self.info.shard_size
+            )
         rd = params[0].reduce_dtype or self.plat.tensor_meta(grads[0]).dtype
         info = self.info
         group = info.shard_group() if info.shard_size > 1 else None

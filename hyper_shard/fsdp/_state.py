@@ -118,7 +118,6 @@ class FSDPState:
 
     # ------------------------------------------------------------------ forward
     def pre_forward(self, module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        fw = self.fw
         if self.training_state is TrainingState.PRE_BACKWARD:  # a recomputed forward
             if self.group is not None and not self.group.unsharded:
                 self.group.unshard()

@@ -35,7 +35,7 @@ class TorchFSDPModule(FSDPModule):
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # container indexing (nn.Sequential[1:]) builds ``type(self)(...)``: build the
         # original class instead, as FSDP2 does
-        orig = cls.__mro__[2]
+        orig: Any = cls.__mro__[2]
         self = orig.__new__(orig)
         self.__init__(*args, **kwargs)
         return self
@@ -115,9 +115,7 @@ class TorchFSDP(FSDPFramework):
         self, module: Any, pre_save: Callable[[], None], pre_load: Callable[[dict, str], None]
     ) -> None:
         module.register_state_dict_pre_hook(lambda m, prefix, keep_vars: pre_save())
-        module.register_load_state_dict_pre_hook(
-            lambda m, sd, prefix, *rest: pre_load(sd, prefix)
-        )
+        module.register_load_state_dict_pre_hook(lambda m, sd, prefix, *rest: pre_load(sd, prefix))
 
     # ---------------------------------------------------------------- autograd
     def grad_enabled(self) -> bool:

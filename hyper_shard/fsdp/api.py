@@ -22,6 +22,7 @@ from ._state import FSDPState, state_of
 
 __all__ = ["fully_shard"]
 
+_NO_MIXED_PRECISION = MixedPrecisionPolicy()
 #: the attribute marking a sharded parameter (value: its FSDPParam)
 _SHARDED = "_hs_fsdp_param"
 
@@ -32,7 +33,7 @@ def fully_shard(
     mesh: DeviceMesh | None = None,
     reshard_after_forward: bool | int | None = None,
     shard_placement_fn: Callable[[Any], Any] | None = None,
-    mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
+    mp_policy: MixedPrecisionPolicy = _NO_MIXED_PRECISION,
     offload_policy: OffloadPolicy | None = None,
     ignored_params: set[Any] | None = None,
 ) -> Any:
@@ -115,8 +116,7 @@ def fully_shard(
         )
     if not isinstance(mp_policy, MixedPrecisionPolicy):
         raise TypeError(
-            f"fully_shard: mp_policy must be a MixedPrecisionPolicy, got "
-            f"{type(mp_policy).__name__}"
+            f"fully_shard: mp_policy must be a MixedPrecisionPolicy, got {type(mp_policy).__name__}"
         )
     if mesh is None:
         mesh = _default_mesh(module, fw)
@@ -130,7 +130,7 @@ def fully_shard(
         fp = FSDPParam(p, sites, info, fw, plat, fqn, offload, pin)
         fp.unit_module = module
         fp.sharded_param.__dict__[_SHARDED] = fp
-        p.__dict__["_hs_fsdp_claimed"] = fqn
+        p.__dict__["_hs_fsdp_claimed"] = f"{type(module).__name__}.{fqn}"
         fparams.append(fp)
     group = None
     if fparams:
@@ -196,7 +196,8 @@ def _managed_params(
             claimed = p.__dict__.get("_hs_fsdp_claimed")
             if claimed is not None:
                 raise ValueError(
-                    f"fully_shard: parameter {fqn!r} is the same tensor as {claimed!r}, which "
+                    f"fully_shard: parameter {type(module).__name__ + '.' + fqn!r} is the same "
+                    f"tensor as {claimed!r}, which "
                     f"another fully_shard unit already manages (a tied weight shared between "
                     f"two units); put every module using it in one unit (fully_shard their "
                     f"common parent only), or untie the weights"
@@ -254,8 +255,10 @@ def _to_sharded_value(fp: FSDPParam, value: Any, key: str) -> Any:
         if vs.mesh != spec.mesh:
             value = value.full_tensor()
         else:
-            dst = spec if vs.tensor_meta.dtype == spec.tensor_meta.dtype else DTensorSpec(
-                spec.mesh, spec.placements, vs.tensor_meta
+            dst = (
+                spec
+                if vs.tensor_meta.dtype == spec.tensor_meta.dtype
+                else DTensorSpec(spec.mesh, spec.placements, vs.tensor_meta)
             )
             local = redistribute_local(plat, plat.local_of(value), vs, dst)
             return plat.wrap(local, dst)
@@ -280,4 +283,3 @@ def _shard_of_full(plat: Any, full: Any, spec: DTensorSpec) -> Any:
             t = plat.narrow(t, d, o, ln)
     meta = plat.tensor_meta(t, spec.shape)._replace(stride=spec.stride)
     return plat.wrap(plat.contiguous(t), DTensorSpec(spec.mesh, spec.placements, meta))
-

@@ -179,7 +179,9 @@ class Platform:
                 size = max(0, min(k, rows - c * k))
                 slot = self.narrow(out, 0, c * S + off, k * row)
                 if size:
-                    self.copy_flat(self.narrow(slot, 0, 0, size * row), self.narrow(t, 0, start, size))
+                    self.copy_flat(
+                        self.narrow(slot, 0, 0, size * row), self.narrow(t, 0, start, size)
+                    )
                 if size < k:
                     self.copy_flat(
                         self.narrow(slot, 0, size * row, (k - size) * row),

@@ -230,3 +230,84 @@ def check_meta_init_mixed_precision_state_dict(rank, world):
 
 def test_fsdp_meta_init_mixed_precision_state_dict(dist2):
     assert dist2.run(check_meta_init_mixed_precision_state_dict) == [True, True]
+
+
+def check_collectives_and_errors(rank, world):
+    """The unit collectives as plain functions (no model), on a mesh whose coordinate
+    order is not the backend's rank order; bad input raises on the ranks that see it,
+    before any collective."""
+    from hyper_shard import DeviceMesh, init_device_mesh
+    from hyper_shard.fsdp import fully_shard
+    from hyper_shard.fsdp._collectives import (
+        all_gather_unit,
+        copy_out,
+        reduce_scatter_unit,
+        shard_views,
+    )
+    from hyper_shard.fsdp._layout import FlatLayout
+
+    mesh = DeviceMesh("cpu", list(reversed(range(world))))  # coordinate c = rank world-1-c
+    plat, group = mesh.platform, mesh._group(0)
+    c = mesh.get_coordinate()[0]
+    g = torch.Generator().manual_seed(0)
+    full = [torch.randn(5, 3, generator=g), torch.randn(2, generator=g), torch.randn(7, 1, 2, generator=g)]
+    layout = FlatLayout([t.shape for t in full], world)
+    shards = [t.chunk(world)[c] if c < len(t.chunk(world)) else t[:0] for t in full]
+    res = all_gather_unit(plat, group, c, layout, shards, torch.float32, full[0])
+    flat = res.wait()
+    outs = [torch.empty(world * s.slot_numel) for s in layout.slots]
+    copy_out(plat, layout, flat, outs)
+    for t, o in zip(full, outs):
+        assert torch.equal(o[: t.numel()].view(t.shape), t)
+    grads = [(t * (rank + 1)).to(torch.bfloat16) for t in full]  # per-rank gradients
+    red = reduce_scatter_unit(plat, group, layout, grads, torch.float32, full[0], "avg").wait()
+    mean = [sum((t * (r + 1)).to(torch.bfloat16).float() for r in range(world)) / world for t in full]
+    for m, v, slot in zip(mean, shard_views(plat, layout, c, red), layout.slots):
+        want = m[slot.row_start(c) : slot.row_start(c) + slot.rows[c]]
+        torch.testing.assert_close(v.view(slot.shard_shape(c)), want)
+    # a whole model on that mesh
+    data = batches(2, world)
+    model = _shard(make_net(), mesh)
+    got = train(model, data, c, world, mean_loss=_mean_over(world))
+    assert_same_training(got, train(make_net(), data, 0, 1))
+
+    # ---- bad input
+    dp = init_device_mesh("cpu", (world,))
+    errors = []
+
+    def expect(exc, words, fn):  # noqa: ANN001, ANN202
+        with pytest.raises(exc) as info:
+            fn()
+        for w in words:
+            assert w in str(info.value), (w, str(info.value))
+        errors.append(type(info.value).__name__)
+
+    net = make_net()
+    fully_shard(net.blocks[0], mesh=dp)
+    expect(ValueError, ["already applied"], lambda: fully_shard(net.blocks[0], mesh=dp))
+    tied = make_net(tie=True)
+    fully_shard(tied.emb, mesh=dp)
+    expect(ValueError, ["Linear.weight", "Embedding.weight", "tied"], lambda: fully_shard(tied.head, mesh=dp))
+    top = make_net()
+    fully_shard(top, mesh=dp)
+    expect(ValueError, ["bottom-up"], lambda: fully_shard(top.blocks[1], mesh=dp))
+    alone = DeviceMesh("cpu", [0])  # built by every rank; rank 0 only is in it
+    if rank != 0:
+        expect(ValueError, ["not in the mesh", str(rank)], lambda: fully_shard(make_net(), mesh=alone))
+    scalar = torch.nn.Module()
+    scalar.s = torch.nn.Parameter(torch.tensor(1.0))
+    expect(ValueError, ["0-d", "ignored_params"], lambda: fully_shard(scalar, mesh=dp))
+    expect(NotImplementedError, ["smaller mesh"], lambda: fully_shard(make_net(), mesh=dp, reshard_after_forward=2))
+    from tests.dist._fsdp_models import TinyNet
+
+    with torch.device("meta"):
+        lazy = TinyNet()
+    _shard(lazy, dp)
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    expect(RuntimeError, ["meta device", "to_empty"], lambda: lazy(ids))
+    return errors
+
+
+def test_fsdp_collectives_and_errors(dist2):
+    out = dist2.run(check_collectives_and_errors)
+    assert len(out[0]) == 6 and len(out[1]) == 7  # rank 1 is not in the one-rank mesh

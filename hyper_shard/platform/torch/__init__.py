@@ -280,7 +280,7 @@ class TorchPlatform(Platform):
     def alloc_storage(self, t: torch.Tensor) -> None:
         with DisableTorchFunctionSubclass():
             st = t.untyped_storage()
-            need = (t.storage_offset() + t.numel()) * t.element_size()
+            need = int((t.storage_offset() + t.numel()) * t.element_size())
             if st.size() != need:
                 st.resize_(need)
 
