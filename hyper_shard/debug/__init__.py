@@ -15,12 +15,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..dispatch.dispatcher import cache_info, clear_cache
-from ..redistribute.executor import COUNTERS
 from ..redistribute.planner import plan_cache_info
+from ..redistribute.steps import COLLECTIVES, COUNTERS
 
 __all__ = ["comm_counter", "cache_info", "clear_cache", "plan_cache_info", "visualize_sharding"]
-
-_COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all")
 
 
 class CommCounts(dict):
@@ -28,7 +26,7 @@ class CommCounts(dict):
 
     @property
     def collectives(self) -> int:
-        return sum(self.get(k, 0) for k in _COLLECTIVES)
+        return sum(self.get(k, 0) for k in COLLECTIVES)
 
 
 @contextmanager

@@ -6,7 +6,8 @@ per partial op) and a state is a tuple of codes, one per mesh dim. Each state's 
 steps (next state, cost, mesh dim, kind) are computed once and kept, so the many searches
 that touch the same geometry (every layer of a model has the same shapes) cost little.
 
-The legal steps and their costs are documented in :mod:`hyper_shard.redistribute.planner`.
+The legal steps and their costs come from the step table,
+:mod:`hyper_shard.redistribute.steps`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 
 from ..placement import Partial, Placement, Replicate, Shard
 from .cost import CostModel
+from .steps import STEPS_FROM, StepKind
 
 __all__ = ["PlacementGraph", "graph_for"]
 
@@ -38,6 +40,7 @@ class PlacementGraph:
         "_bytes",
         "_pcode",
         "_dist",
+        "_move_cache",
     )
 
     def __init__(
@@ -64,6 +67,7 @@ class PlacementGraph:
         self._edges: dict[tuple[int, ...], list[tuple[tuple[int, ...], float, int, str]]] = {}
         self._bytes: dict[tuple[int, ...], int] = {}
         self._dist: dict[tuple[int, ...], dict[tuple[int, ...], float]] = {}
+        self._move_cache: dict[tuple[int, frozenset[int]], list[tuple[StepKind, int]]] = {}
 
     def encode(self, placements: Sequence[Placement]) -> tuple[int, ...]:
         """Codes of normalised placements (KeyError for a partial op outside ``ops``)."""
@@ -86,7 +90,8 @@ class PlacementGraph:
         return v
 
     def edges(self, state: tuple[int, ...]) -> list[tuple[tuple[int, ...], float, int, str]]:
-        """Every legal step from ``state``: (next state, cost, mesh dim, kind)."""
+        """Every legal step from ``state``: (next state, cost, mesh dim, kind), as the step
+        table (:data:`~hyper_shard.redistribute.steps.STEPS`) defines them."""
         e = self._edges.get(state)
         if e is not None:
             return e
@@ -94,32 +99,30 @@ class PlacementGraph:
         out: list[tuple[tuple[int, ...], float, int, str]] = []
         bs = self.nbytes(state)
         ms = self.mesh_shape
-        cost = self.cm.step_cost
-        sum_code = self._pcode.get("sum")
+        cm = self.cm
         for m, c in enumerate(state):
             # tensor dims sharded by mesh dims to the right (shards nest left to right)
-            right = {x - 1 for x in state[m + 1 :] if 1 <= x <= nd}
-            targets: list[tuple[int, str]] = []
-            if c == 0:
-                targets += [(1 + d, "chunk") for d in range(nd) if d not in right]
-                targets += [(pc, "partition") for pc in self._pcode.values()]
-            elif c <= nd:
-                d = c - 1
-                if d in right:
-                    continue
-                targets.append((0, "all_gather"))
-                targets += [(1 + e, "all_to_all") for e in range(nd) if e != d and e not in right]
-                if sum_code is not None:
-                    targets.append((sum_code, "pad"))
-            else:
-                targets.append((0, "all_reduce"))
-                if self.ops[c - 1 - nd] in ("sum", "avg"):
-                    targets += [(1 + d, "reduce_scatter") for d in range(nd) if d not in right]
-            for q, kind in targets:
+            blocked = frozenset(x - 1 for x in state[m + 1 :] if 1 <= x <= nd)
+            for kind, q in self._moves(c, blocked):
                 t = state[:m] + (q,) + state[m + 1 :]
-                out.append((t, cost(kind, m, ms[m], bs, self.nbytes(t)), m, kind))
+                out.append((t, kind.cost(cm, m, ms[m], bs, self.nbytes(t)), m, kind.name))
         self._edges[state] = out
         return out
+
+    def _moves(self, c: int, blocked: frozenset[int]) -> list[tuple[StepKind, int]]:
+        """(kind, target code) of every step from placement code ``c`` on a mesh dim whose
+        right-hand mesh dims shard the tensor dims ``blocked`` (kept per graph)."""
+        key = (c, blocked)
+        mv = self._move_cache.get(key)
+        if mv is None:
+            p = self.placements[c]
+            code = self._code
+            mv = self._move_cache[key] = [
+                (kind, code[q])
+                for kind in STEPS_FROM[type(p)]
+                for q in kind.targets(p, self.ndim, blocked, self.ops)
+            ]
+        return mv
 
     def shortest(
         self, src: tuple[int, ...], dst: tuple[int, ...]

@@ -1,22 +1,10 @@
 """The redistribution planner: the cheapest sequence of steps between two placement lists.
 
 A *state* is the tuple of placements (one per mesh dim). A *step* changes the placement
-of one mesh dim:
+of one mesh dim; the kinds (chunk, partition, pad, all_gather, all_to_all, all_reduce,
+reduce_scatter), their legality and their costs are the step table of
+:mod:`hyper_shard.redistribute.steps`.
 
-=============  ===============  ==============================================
-from -> to     kind             what runs
-=============  ===============  ==============================================
-R -> S(d)      chunk            local: keep this rank's chunk
-R -> P(op)     partition        local: the value on coordinate 0, identity elsewhere
-S(d) -> R      all_gather       all-gather along d
-S(d) -> S(e)   all_to_all       all-to-all from d to e
-S(d) -> P      pad              local: place the shard in zeros (sum only)
-P(op) -> R     all_reduce       all-reduce with op
-P(op) -> S(d)  reduce_scatter   reduce-scatter along d (sum and avg only)
-=============  ===============  ==============================================
-
-A step on mesh dim ``m`` that touches tensor dim ``d`` (as source or target shard) is
-legal only if no mesh dim to the right of ``m`` shards ``d``: shards nest left to right.
 Partial ops reachable in a plan are those of the source and target, plus ``sum`` (pad or
 partition into zeros, then reduce: exact, and sometimes cheaper) except for bool tensors.
 
@@ -29,10 +17,10 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..placement import Partial, Placement, Replicate, Shard, normalize_placements
+from ..placement import Partial, Placement, Shard, normalize_placements
 from ..spec import DTensorSpec
 from .cost import DEFAULT_COST_MODEL, CostModel
 from .graph import clear_graphs, graph_for
@@ -41,13 +29,10 @@ __all__ = [
     "Step",
     "Plan",
     "plan_redistribute",
-    "transitions",
     "state_bytes",
     "clear_plan_cache",
     "plan_cache_info",
 ]
-
-_R = Replicate()
 
 
 @dataclass(frozen=True)
@@ -83,44 +68,6 @@ def state_bytes(
         if type(p) is Shard:
             ext[p.dim] = -(-ext[p.dim] // mesh_shape[m])
     return math.prod(ext) * itemsize
-
-
-def _sharded_right(state: Sequence[Placement], m: int, d: int) -> bool:
-    for p in state[m + 1 :]:
-        if type(p) is Shard and p.dim == d:
-            return True
-    return False
-
-
-def transitions(
-    state: tuple[Placement, ...], ndim: int, partial_ops: Sequence[str]
-) -> Iterator[tuple[int, Placement, str]]:
-    """Every legal step from ``state``: ``(mesh_dim, new placement, kind)``."""
-    for m, p in enumerate(state):
-        tp = type(p)
-        if tp is Replicate:
-            for d in range(ndim):
-                if not _sharded_right(state, m, d):
-                    yield m, Shard(d), "chunk"
-            for op in partial_ops:
-                yield m, Partial(op), "partition"
-        elif tp is Shard:
-            d = p.dim  # type: ignore[attr-defined]
-            if _sharded_right(state, m, d):
-                continue
-            yield m, _R, "all_gather"
-            for e in range(ndim):
-                if e != d and not _sharded_right(state, m, e):
-                    yield m, Shard(e), "all_to_all"
-            if "sum" in partial_ops:
-                yield m, Partial("sum"), "pad"
-        else:
-            op = p.reduce_op  # type: ignore[attr-defined]
-            yield m, _R, "all_reduce"
-            if op in ("sum", "avg"):
-                for d in range(ndim):
-                    if not _sharded_right(state, m, d):
-                        yield m, Shard(d), "reduce_scatter"
 
 
 def _partial_ops(*states: Sequence[Placement], allow_sum: bool = True) -> tuple[str, ...]:
