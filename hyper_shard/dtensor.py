@@ -287,15 +287,18 @@ def redistribute_local(plat: Platform, local: Any, src: DTensorSpec, dst: DTenso
     """Redistribute a local shard from ``src`` to ``dst`` placements (autograd-aware)."""
     from .dispatch.dispatcher import redistribute_with_plan
 
-    plan = plan_redistribute(src, dst.placements)
+    plan = plan_redistribute(src, dst.placements, shard_order=dst.shard_order)
     if not plan.steps:
         return local
     return redistribute_with_plan(plat, local, src, plan)
 
 
-def _redistribute_plain(plat: Platform, g: Any, spec: DTensorSpec, dst: Sequence[Placement]) -> Any:
-    """Redistribute a gradient (no autograd) from ``spec``'s placements to ``dst``."""
-    plan = plan_redistribute(spec, dst)
+def _redistribute_plain(
+    plat: Platform, g: Any, spec: DTensorSpec, dst: Sequence[Placement], shard_order: Any = "keep"
+) -> Any:
+    """Redistribute a gradient (no autograd) from ``spec``'s placements to ``dst`` (shard
+    order as :func:`plan_redistribute`)."""
+    plan = plan_redistribute(spec, dst, shard_order=shard_order)
     return execute_plan(plat, g, spec, plan) if plan.steps else g
 
 
@@ -436,6 +439,7 @@ def distribute_tensor(
     placements: Sequence[Placement] | None = None,
     *,
     src_data_rank: int | None = 0,
+    shard_order: Any = None,
 ) -> Any:
     """Shard a full tensor (present on every rank) over ``device_mesh`` (as PyTorch's
     ``distribute_tensor``).
@@ -448,6 +452,9 @@ def distribute_tensor(
             avg/max/min).
         src_data_rank: the mesh's flat index whose data everyone takes (broadcast along
             every mesh dim), or None to use each rank's own tensor without communication.
+        shard_order: the split order of tensor dims sharded by several mesh dims, as
+            ``(tensor_dim, mesh_dims)`` entries (default: left to right; see
+            :class:`~hyper_shard.spec.DTensorSpec`).
 
     Returns:
         A leaf DTensor with ``requires_grad`` as ``tensor``'s.
@@ -466,8 +473,8 @@ def distribute_tensor(
         for m in range(device_mesh.ndim):
             full = plat.broadcast(full, src_coord[m], device_mesh._group(m))
     rspec = DTensorSpec(device_mesh, (Replicate(),) * device_mesh.ndim, meta)
-    spec = DTensorSpec(device_mesh, placements, meta)
-    local = _redistribute_plain(plat, full, rspec, spec.placements)
+    spec = DTensorSpec(device_mesh, placements, meta, shard_order)
+    local = _redistribute_plain(plat, full, rspec, spec.placements, spec.shard_order)
     return plat.make_leaf(plat.contiguous(local), spec, req)
 
 

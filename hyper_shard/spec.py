@@ -318,9 +318,7 @@ class DTensorSpec:
         pl = ", ".join(str(p) for p in self.placements)
         order = ""
         if self.shard_order:
-            order = ", shard_order=" + ", ".join(
-                f"{d}:{list(ms)}" for d, ms in self.shard_order
-            )
+            order = ", shard_order=" + ", ".join(f"{d}:{list(ms)}" for d, ms in self.shard_order)
         return (
             f"DTensorSpec(shape={list(self.shape)}, placements=[{pl}]{order}, "
             f"mesh={self.mesh.shape})"

@@ -12,6 +12,7 @@ composite function into registered ones, or ``hyper_shard.config.fallback = "rep
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from typing import Any
 from ..errors import OpNotRegisteredError, ShardingError
 from ..redistribute.executor import backward_plan, execute_plan
 from .op import BoundOp, Decision, OpCall, fmt_placements
+from .order import any_ordered, left_to_right_call_specs
 
 __all__ = ["Dispatcher", "config", "cache_info", "clear_cache"]
 
@@ -233,15 +235,21 @@ class Dispatcher:
     ) -> Decision:
         _STATS["misses"] += 1
         call = self._make_call(bound, func, args, kwargs, dts)
+        keeps: bool | None = None
+        rule_call = call
+        if any_ordered(call.specs):  # an input with a shard order (dispatch/order.py)
+            keeps = bound.op.keeps_shard_order
+            if not keeps:
+                rule_call = dataclasses.replace(call, specs=left_to_right_call_specs(call.specs))
         try:
-            layout = bound.op.infer_layout(call)
+            layout = bound.op.infer_layout(rule_call)
         except (ValueError, IndexError, TypeError) as e:
             # a rule's own shape/argument check: name the call and its placements
             msg = str(e)
             if type(e) in (ValueError, IndexError, TypeError) and call.platform_name not in msg:
                 raise type(e)(f"{call.describe()}: {msg}") from None
             raise
-        dec = Decision(call, layout)
+        dec = Decision(call, layout, keeps)
         _CACHE[key] = dec
         if len(_CACHE) > config.cache_size:
             _CACHE.popitem(last=False)

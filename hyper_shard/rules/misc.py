@@ -40,6 +40,8 @@ def _reduced(placements: tuple[Placement, ...]) -> tuple[Placement, ...]:
 class ConvertOp(DistributedOp):
     """``Tensor.to``-style conversion: output placed as the (Partial-reduced) input."""
 
+    keeps_shard_order = True  # local data only: shard orders pass (dispatch/order.py)
+
     signature = ("input", "*args")
 
     def infer_layout(self, call: OpCall) -> Layout:
@@ -52,6 +54,8 @@ class ConvertOp(DistributedOp):
 @register_rule("like_factory")
 class LikeFactoryOp(DistributedOp):
     """``zeros_like``-style factories: the input's shape and shards, Partial -> Replicate."""
+
+    keeps_shard_order = True  # local data only: shard orders pass (dispatch/order.py)
 
     signature = ("input", "*args")
 
@@ -68,6 +72,8 @@ class NewFactoryOp(DistributedOp):
     Raises:
         TypeError: a size that is not a sequence of ints.
     """
+
+    keeps_shard_order = True  # local data only: shard orders pass (dispatch/order.py)
 
     signature = ("input", "*size")
     static_args = ("size",)

@@ -35,7 +35,6 @@ from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..errors import ShardingError
 from ..placement import Partial, Placement, Replicate, Shard
 from ..registry.models import RuleParams
-from ..spec import compute_local_shape_and_offset
 from . import register_rule
 
 __all__ = ["RandomOp", "RandomParams"]
@@ -63,6 +62,8 @@ class RandomOp(DistributedOp):
         ShardingError: a DTensor argument other than the input (and ``p`` of
             ``bernoulli``), or an in-place fill of a ``Partial`` DTensor.
     """
+
+    keeps_shard_order = True  # local data only: shard orders pass (dispatch/order.py)
 
     Params = RandomParams
     signature = ("input", "*args")
@@ -116,7 +117,11 @@ class RandomOp(DistributedOp):
         coord = mesh.get_coordinate()
         if not any(type(p) is Shard for p in out) or coord is None:
             return layout
-        ls, off = compute_local_shape_and_offset(spec.shape, mesh.shape, out, coord)
+        # the output's shard order is the input's where its shards stay (dispatch/order.py);
+        # gathered probabilities (values) give a left-to-right output
+        ls, off = spec.with_placements(out, None if values else "keep").local_shape_and_offset(
+            coord
+        )
         box = (off, ls)
         binder = call.binder or self.binder
         plat = call.platform

@@ -29,7 +29,7 @@ def _boxes(shape, mesh_shape, placements, order):
     """Independent: every coordinate's (offset, shape), by splitting index ranges with
     torch.chunk in each tensor dim's split order."""
     split = {d: [m for m, p in enumerate(placements) if p == Shard(d)] for d in range(len(shape))}
-    for d, ms in (order or ()):
+    for d, ms in order or ():
         split[d] = list(ms)
     out = {}
     for coord in itertools.product(*[range(s) for s in mesh_shape]):
@@ -145,7 +145,10 @@ class _SimPlatform(TorchPlatform):
 
 def _mesh_for(mesh_shape, rank):
     ref = DeviceMesh.abstract(mesh_shape, rank=rank)
-    groups = [_Group(tuple(next(g for g in ref._dim_groups_ranks(m) if rank in g)), rank) for m in range(len(mesh_shape))]
+    groups = [
+        _Group(tuple(next(g for g in ref._dim_groups_ranks(m) if rank in g)), rank)
+        for m in range(len(mesh_shape))
+    ]
     return DeviceMesh("cpu", ref.mesh, _rank=rank, _groups=groups, _abstract=True)
 
 
@@ -230,7 +233,7 @@ def test_ordered_plans_move_every_element_to_its_box(case):
     for coord, (dst, x, out, y, back) in res.items():
         want = _boxes(shape, mesh_shape, dst.placements, dst.shard_order)[coord]
         assert list(out.shape) == want[1]
-        torch.testing.assert_close(out, _local(total, dst, coord), msg=lambda m: f"{coord}: {m}")
+        torch.testing.assert_close(out, _local(total, dst, coord), msg=f"coordinate {coord}")
         assert back.shape == x.shape
         lhs += float((out * y).sum())
         rhs += float((x * back).sum())

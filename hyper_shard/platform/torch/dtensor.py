@@ -229,8 +229,10 @@ def _data_set(args: Any, kwargs: dict) -> None:
         raise TypeError("DTensor.data must be set to a DTensor with the same spec")
     if value._spec.shape != self._spec.shape or value._spec.mesh != self._spec.mesh:
         raise ValueError(f"DTensor.data: {value._spec} does not match {self._spec}")
-    if value._spec.placements != self._spec.placements:
-        value = value.redistribute(self._spec.mesh, self._spec.placements)
+    vs, ss = value._spec, self._spec
+    if vs.placements != ss.placements or vs.shard_order != ss.shard_order:
+        dst = DTensorSpec(vs.mesh, ss.placements, vs.tensor_meta, ss.shard_order)
+        value = wrap(redistribute_local(_plat(value), _local(value), vs, dst), dst)
     with DisableTorchFunctionSubclass():
         T.data.__set__(self, _local(value).detach())
 
@@ -470,6 +472,7 @@ def _reduce_ex(args: Any, kwargs: dict) -> Any:
             rg,
             bool(self.__dict__.get("_is_param")),
             spec.mesh.get_coordinate(),
+            spec.shard_order,
         ),
     )
 
@@ -483,6 +486,7 @@ def _rebuild_dtensor(
     requires_grad: bool,
     is_param: bool,
     coordinate: tuple | None = None,
+    shard_order: tuple | None = None,
 ) -> TorchDTensor:
     """Unpickle a DTensor (see :func:`_reduce_ex`).
 
@@ -493,7 +497,10 @@ def _rebuild_dtensor(
     from ...spec import TensorMeta
 
     spec = DTensorSpec(
-        mesh, placements, TensorMeta(tuple(shape), tuple(stride), local.dtype, local.element_size())
+        mesh,
+        placements,
+        TensorMeta(tuple(shape), tuple(stride), local.dtype, local.element_size()),
+        shard_order,
     )
     want = spec.local_shape()
     here = mesh.get_coordinate()
@@ -524,10 +531,11 @@ def _allow_in_weights_only_load() -> None:
     callables: DTensors, meshes and placements are added, as PyTorch does for its own."""
     from ...mesh import _rebuild_mesh
     from ...placement import Shard
+    from ...spec import ShardOrderEntry
 
     add = getattr(torch.serialization, "add_safe_globals", None)
     if add is not None:
-        add([_rebuild_dtensor, _rebuild_mesh, Shard, Replicate, Partial])
+        add([_rebuild_dtensor, _rebuild_mesh, Shard, Replicate, Partial, ShardOrderEntry])
 
 
 _allow_in_weights_only_load()
