@@ -109,9 +109,19 @@ class FSDPParam:
             self.info.mesh, dp, ospec.mesh, ospec.placements
         )
         self.dp_dims, self.tp_dims = dp_dims, tp_dims
-        gshape = ospec.shape
-        gmeta = TensorMeta(gshape, ospec.stride, meta.dtype, meta.itemsize)
-        return DTensorSpec(mesh, placements, gmeta)
+        gmeta = TensorMeta(ospec.shape, ospec.stride, meta.dtype, meta.itemsize)
+        # FSDP chunks the tensor-parallel local data along dim 0: its split comes after
+        # every split the original layout made (dim 0 of a Shard(0) tensor-parallel weight
+        # is split by tp first, then by dp), the other dims keep the original's order
+        order = [
+            (d, tuple(tp_dims[m] for m in ospec.split_order(d)))
+            for d in range(ospec.ndim)
+            if ospec.split_order(d)
+        ]
+        shard_dp = dp_dims[self.info.shard_dim]
+        order = [e for e in order if e[0] != 0]
+        order.append((0, tuple(tp_dims[m] for m in ospec.split_order(0)) + (shard_dp,)))
+        return DTensorSpec(mesh, placements, gmeta, order)
 
     def _grad_placements(self) -> tuple[Placement, ...]:
         """FSDP's gradient keeps the parameter's placements on the data-parallel dims

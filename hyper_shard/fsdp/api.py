@@ -251,15 +251,11 @@ def _to_sharded_value(fp: FSDPParam, value: Any, key: str) -> Any:
                 f"{tuple(spec.shape)}"
             )
         if vs.mesh == spec.mesh and vs.placements == spec.placements:
-            return value  # copy_ casts a dtype difference
+            return value  # copy_ casts a dtype difference and matches shard orders
         if vs.mesh != spec.mesh:
             value = value.full_tensor()
         else:
-            dst = (
-                spec
-                if vs.tensor_meta.dtype == spec.tensor_meta.dtype
-                else DTensorSpec(spec.mesh, spec.placements, vs.tensor_meta)
-            )
+            dst = DTensorSpec(spec.mesh, spec.placements, vs.tensor_meta, spec.shard_order)
             local = redistribute_local(plat, plat.local_of(value), vs, dst)
             return plat.wrap(local, dst)
     if not plat.is_tensor(value):
@@ -282,4 +278,6 @@ def _shard_of_full(plat: Any, full: Any, spec: DTensorSpec) -> Any:
         if ln != plat.shape(t)[d]:
             t = plat.narrow(t, d, o, ln)
     meta = plat.tensor_meta(t, spec.shape)._replace(stride=spec.stride)
-    return plat.wrap(plat.contiguous(t), DTensorSpec(spec.mesh, spec.placements, meta))
+    return plat.wrap(
+        plat.contiguous(t), DTensorSpec(spec.mesh, spec.placements, meta, spec.shard_order)
+    )
