@@ -12,12 +12,20 @@ class-sharded logits fed to ``loss_parallel()`` (cross-entropy without gathering
 vocabulary). ``--sp`` adds sequence parallelism: the RMSNorms run on sequence shards and
 the row-parallel outputs are reduce-scattered over the sequence.
 
+``--dp N`` adds fully sharded data parallelism (``hyper_shard.fsdp.fully_shard``, the
+PyTorch FSDP2 API) on a ``("dp", "tp")`` mesh: each decoder layer and then the root is one
+FSDP unit on ``mesh["dp"]``, the tensor-parallel plan runs on ``mesh["tp"]``, every dp rank
+trains on its slice of each batch, and parameters, gradients and AdamW state are sharded
+over dp too (2-D DTensors on the whole mesh).
+
 The same model is also trained in one process from the same seed on the same batches;
 the losses are printed side by side and plotted.
 
     python examples/train_llama_tp.py                 # spawns 2 CPU ranks (gloo, 127.0.0.1)
     python examples/train_llama_tp.py --check         # fail if a loss differs by > 1e-4 (rel)
     python examples/train_llama_tp.py --sp --steps 50 # sequence parallel too
+    python examples/train_llama_tp.py --dp 2 --tp 2 --check   # FSDP x TP on 4 CPU ranks
+    python examples/train_llama_tp.py --dp 2 --tp 1   # FSDP alone on 2 ranks
     torchrun --nproc-per-node 2 examples/train_llama_tp.py   # NCCL on GPUs, HCCL on Ascend
 """
 
@@ -166,33 +174,76 @@ def sync(device: torch.device) -> None:
         torch.npu.synchronize()  # type: ignore[attr-defined]
 
 
+def parallelize(args: argparse.Namespace, model: torch.nn.Module, device: torch.device) -> Any:
+    """Tensor parallelism on ``mesh["tp"]`` (when ``--tp`` > 1), then FSDP units on
+    ``mesh["dp"]`` (each decoder layer, then the root; when ``--dp`` > 1). Returns the
+    mesh: ``("tp",)`` alone, else ``("dp", "tp")``."""
+    from hyper_shard import Replicate, Shard, init_device_mesh
+    from hyper_shard import parallel as hp
+
+    if args.dp == 1:
+        mesh = init_device_mesh(device.type, (args.tp,), mesh_dim_names=("tp",))
+    else:
+        mesh = init_device_mesh(device.type, (args.dp, args.tp), mesh_dim_names=("dp", "tp"))
+    if args.tp > 1:
+        hp.parallelize_module(model, mesh["tp"], llama_tp_plan(args.sp, hp, Replicate, Shard))
+    if args.dp > 1:
+        from hyper_shard.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    return mesh
+
+
+def mode_name(args: argparse.Namespace) -> str:
+    """``TP``, ``FSDP`` or ``FSDPxTP`` (for the progress bar, the table and the plot)."""
+    if args.dp == 1:
+        return "TP"
+    return "FSDP" if args.tp == 1 else "FSDPxTP"
+
+
 def train_tp(args: argparse.Namespace, data: torch.Tensor, device: torch.device) -> dict:
-    """Train with tensor parallelism over all ranks; every rank returns the losses."""
+    """Train with tensor parallelism (and FSDP with ``--dp``) over all ranks; every rank
+    returns the losses (the mean over the data-parallel ranks)."""
     from tqdm import tqdm
 
-    from hyper_shard import DTensor, Replicate, Shard, init_device_mesh
+    from hyper_shard import DTensor, Replicate
     from hyper_shard import parallel as hp
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("tp",))
+    resolve_layout(args, world)
     model = build_model(args).to(device)
-    hp.parallelize_module(model, mesh, llama_tp_plan(args.sp, hp, Replicate, Shard))
+    mesh = parallelize(args, model, device)
+    dp_rank = mesh.get_local_rank("dp") if args.dp > 1 else 0
+    dp_group = mesh.get_group("dp") if args.dp > 1 else None
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     pos = torch.arange(args.seq, device=device)[None]  # global positions (needed under --sp)
     losses, times = [], []
-    bar = tqdm(total=args.steps, desc=f"TP x{world}", unit="step", disable=rank != 0)
+    desc = f"{mode_name(args)} x{world}"
+    bar = tqdm(total=args.steps, desc=desc, unit="step", disable=rank != 0)
     for x, y in batches(data, args.steps, args.batch, args.seq, args.seed + 1):
-        x, y = x.to(device), y.to(device)
+        x, y = x.chunk(args.dp)[dp_rank].to(device), y.chunk(args.dp)[dp_rank].to(device)
         sync(device)
         t0 = time.perf_counter()
         logits = model(input_ids=x, position_ids=pos).logits  # DTensor [b, s, V], Shard(-1)
-        target = DTensor.from_local(y.flatten(), mesh, [Replicate()])
-        with hp.loss_parallel():
-            loss = F.cross_entropy(logits.flatten(0, 1), target)
+        if args.tp > 1:
+            target = DTensor.from_local(y.flatten(), mesh["tp"], [Replicate()])
+            with hp.loss_parallel():
+                loss = F.cross_entropy(logits.flatten(0, 1), target)
+                loss.backward()
+            local = loss.detach().full_tensor()
+        else:
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
             loss.backward()
+            local = loss.detach()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        value = loss.detach().full_tensor().item()
+        if dp_group is not None:  # the mean over the dp ranks (equal slices: the batch mean)
+            local = local.clone()
+            dist.all_reduce(local, group=dp_group)
+            local /= args.dp
+        value = local.item()
         sync(device)
         times.append(time.perf_counter() - t0)
         losses.append(value)
@@ -237,9 +288,11 @@ def report(args: argparse.Namespace, world: int, tp: dict, single: dict, wall: f
     n = len(tp["losses"])
     every = max(1, args.table_every or n // 12)
     rows = sorted(set(range(0, n, every)) | {n - 1})
+    name = mode_name(args)
+    wl, wt = max(10, len(name) + 5), max(9, len(name) + 6)  # column widths
     print(
-        f"\n{'step':>5} {'TP loss':>10} {'single loss':>12} {'rel diff':>9} "
-        f"{'TP tok/s':>9} {'single tok/s':>13}"
+        f"\n{'step':>5} {name + ' loss':>{wl}} {'single loss':>12} {'rel diff':>9} "
+        f"{name + ' tok/s':>{wt}} {'single tok/s':>13}"
     )
     worst, worst_step = 0.0, 0
     for i, (a, b) in enumerate(zip(tp["losses"], single["losses"])):
@@ -250,7 +303,7 @@ def report(args: argparse.Namespace, world: int, tp: dict, single: dict, wall: f
         a, b = tp["losses"][i], single["losses"][i]
         rel = abs(a - b) / max(abs(b), 1e-12)
         print(
-            f"{i:>5} {a:>10.5f} {b:>12.5f} {rel:>9.1e} {tok / tp['times'][i]:>9.0f} "
+            f"{i:>5} {a:>{wl}.5f} {b:>12.5f} {rel:>9.1e} {tok / tp['times'][i]:>{wt}.0f} "
             f"{tok / single['times'][i]:>13.0f}"
         )
     steady = slice(1, None) if n > 1 else slice(None)
@@ -259,17 +312,18 @@ def report(args: argparse.Namespace, world: int, tp: dict, single: dict, wall: f
     sp = " + sequence parallel" if args.sp else ""
     print(
         f"\nLlama {args.layers}x{args.hidden} (ffn {args.ffn}, {args.heads} heads / "
-        f"{args.kv_heads} kv), batch {args.batch}x{args.seq} bytes, {n} steps, TP over {world} "
-        f"ranks{sp}"
+        f"{args.kv_heads} kv), batch {args.batch}x{args.seq} bytes, {n} steps, {layout_text(args)}"
+        f"{sp}"
     )
     tail = tp["losses"][-10:]
     print(
         f"loss {tp['losses'][0]:.4f} -> {tp['losses'][-1]:.4f} (mean of the last {len(tail)} "
-        f"steps {sum(tail) / len(tail):.4f}); max relative loss difference TP vs single device "
+        f"steps {sum(tail) / len(tail):.4f}); max relative loss difference {name} vs single "
+        f"device "
         f"{worst:.2e} (step {worst_step})"
     )
     print(
-        f"throughput (steps 1..): TP {tp_rate:.0f} tok/s, single device {one_rate:.0f} tok/s; "
+        f"throughput (steps 1..): {name} {tp_rate:.0f} tok/s, single device {one_rate:.0f} tok/s; "
         f"wall time {wall:.1f}s"
     )
     plot = write_plot(args, world, tp, single)
@@ -278,7 +332,7 @@ def report(args: argparse.Namespace, world: int, tp: dict, single: dict, wall: f
     if args.check:
         if worst > args.rtol:
             print(
-                f"--check FAILED: step {worst_step} TP loss {tp['losses'][worst_step]:.6f} vs "
+                f"--check FAILED: step {worst_step} {name} loss {tp['losses'][worst_step]:.6f} vs "
                 f"single-device {single['losses'][worst_step]:.6f} (relative {worst:.2e} > "
                 f"{args.rtol:.0e})"
             )
@@ -296,16 +350,18 @@ def write_plot(args: argparse.Namespace, world: int, tp: dict, single: dict) -> 
     import matplotlib.pyplot as plt
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    path = args.out_dir / f"train_llama_tp{'_sp' if args.sp else ''}_loss.png"
+    dp = f"_dp{args.dp}" if args.dp > 1 else ""
+    path = args.out_dir / f"train_llama_tp{dp}{'_sp' if args.sp else ''}_loss.png"
     steps = range(len(tp["losses"]))
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     ax.plot(steps, single["losses"], label="single device", linewidth=3, alpha=0.45)
-    ax.plot(steps, tp["losses"], label=f"tensor parallel, {world} ranks", linewidth=1.2)
+    ax.plot(steps, tp["losses"], label=layout_text(args), linewidth=1.2)
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats / byte)")
     sp = " + SP" if args.sp else ""
     ax.set_title(
-        f"LlamaForCausalLM {args.layers}x{args.hidden}, byte-level stdlib docstrings (TP{sp})"
+        f"LlamaForCausalLM {args.layers}x{args.hidden}, byte-level stdlib docstrings "
+        f"({mode_name(args)}{sp})"
     )
     ax.grid(alpha=0.3)
     ax.legend()
@@ -316,18 +372,54 @@ def write_plot(args: argparse.Namespace, world: int, tp: dict, single: dict) -> 
 
 
 # ---------------------------------------------------------------------------- launch
+def resolve_layout(args: argparse.Namespace, world: int) -> None:
+    """Set ``args.dp`` and ``args.tp`` for ``world`` ranks: both given (their product must
+    be ``world``), one given (the other fills the world), or none (tensor parallelism over
+    every rank, the default).
+
+    Raises:
+        SystemExit: sizes that do not multiply to ``world``.
+    """
+    dp, tp = args.dp, args.tp
+    if dp is None and tp is None:
+        dp, tp = 1, world
+    elif dp is None:
+        dp = world // tp if tp and world % tp == 0 else 0
+    elif tp is None:
+        tp = world // dp if dp and world % dp == 0 else 0
+    if dp < 1 or tp < 1 or dp * tp != world:
+        raise SystemExit(
+            f"--dp {args.dp} x --tp {args.tp} does not fill {world} ranks; choose sizes whose "
+            f"product is the number of ranks (--nproc, or torchrun's world size)"
+        )
+    args.dp, args.tp = dp, tp
+
+
+def layout_text(args: argparse.Namespace) -> str:
+    """``TP over 2 ranks`` / ``FSDP over 2 ranks`` / ``FSDP (dp 2) x TP (tp 2) over 4 ranks``."""
+    if args.dp == 1:
+        return f"TP over {args.tp} ranks"
+    if args.tp == 1:
+        return f"FSDP over {args.dp} ranks"
+    return f"FSDP (dp {args.dp}) x TP (tp {args.tp}) over {args.dp * args.tp} ranks"
+
+
 def validate(args: argparse.Namespace, world: int) -> None:
     """Exit with a message if the config cannot be split over ``world`` ranks."""
+    resolve_layout(args, world)
+    tp = args.tp
     if args.hidden % args.heads or args.heads % args.kv_heads:
         raise SystemExit(
             f"--hidden {args.hidden} must be a multiple of --heads {args.heads}, and --heads a "
             f"multiple of --kv-heads {args.kv_heads}"
         )
     for name, n in (("--heads", args.heads), ("--kv-heads", args.kv_heads), ("--ffn", args.ffn)):
-        if n % world:
-            raise SystemExit(f"{name} {n} must be divisible by the number of ranks {world}")
-    if args.sp and args.seq % world:
-        raise SystemExit(f"--seq {args.seq} must be divisible by {world} ranks with --sp")
+        if n % tp:
+            raise SystemExit(f"{name} {n} must be divisible by the tensor-parallel size {tp}")
+    if args.sp and args.seq % tp:
+        raise SystemExit(f"--seq {args.seq} must be divisible by {tp} ranks with --sp")
+    if args.batch % args.dp:
+        raise SystemExit(f"--batch {args.batch} must be divisible by --dp {args.dp}")
 
 
 def load_data() -> torch.Tensor:
@@ -407,6 +499,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="init seed; batches use seed + 1")
     ap.add_argument("--sp", action="store_true", help="sequence parallel on the norms too")
     ap.add_argument("--nproc", type=int, default=2, help="CPU ranks to spawn (default 2)")
+    ap.add_argument(
+        "--dp", type=int, default=None, help="FSDP ranks (default 1; --dp x --tp ranks)"
+    )
+    ap.add_argument(
+        "--tp", type=int, default=None, help="tensor-parallel ranks (default: the rest)"
+    )
     ap.add_argument("--check", action="store_true", help="fail if a loss differs by > --rtol")
     ap.add_argument("--rtol", type=float, default=1e-4, help="--check tolerance (default 1e-4)")
     ap.add_argument("--table-every", type=int, default=0, help="table row interval (0: ~12 rows)")
@@ -425,6 +523,8 @@ def main(argv: list[str] | None = None) -> None:
             torch.set_num_threads(1)
         dist.init_process_group(backend)
         sys.exit(run(args, device))
+    if args.dp is not None and args.tp is not None:
+        args.nproc = args.dp * args.tp
     validate(args, args.nproc)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
