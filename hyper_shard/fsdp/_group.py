@@ -272,6 +272,9 @@ class FSDPParamGroup:
         if self.unsharded or self._pending_gather is not None:
             return
         self.unshard(self.async_prefetch)
+        self.comm.count(
+            "prefetch_forward" if state is TrainingState.FORWARD else "prefetch_backward"
+        )
 
     # ------------------------------------------------------------------ backward
     def post_backward(self) -> None:

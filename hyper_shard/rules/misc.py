@@ -112,6 +112,7 @@ class NewFactoryOp(DistributedOp):
 class MetadataOp(DistributedOp):
     """A dtype query: the local result is returned as is (not a tensor)."""
 
+    keeps_shard_order = True  # nothing moves and no tensor comes out
     signature = ("input",)
 
     def infer_layout(self, call: OpCall) -> Layout:

@@ -117,11 +117,18 @@ def check_accumulation_and_options(rank, world):
     total = model._fsdp_state().comm.counts
     # per step: 2 micro-batches x 5 all-gathers, 3 reduce-scatters (one per unit)
     assert total["reduce_scatter"] == 3 * len(data) and total["all_gather"] == 10 * len(data)
+    # the next unit's all-gather starts ahead of its hook (async on gloo): in forward from
+    # the second pass on (the order of the pass before), in backward from the first
+    assert total["prefetch_forward"] >= 1 and total["prefetch_backward"] >= 1, total
 
     ref1 = train(make_net(), data, 0, 1)
-    for variant in ("keep", "no_reshard_backward", "checkpoint"):
+    for variant in ("keep", "no_reshard_backward", "checkpoint", "offload"):
         if variant == "checkpoint":
             model = _shard(make_net(checkpoint=True), mesh)
+        elif variant == "offload":  # on a CPU mesh the shards already live on the host
+            from hyper_shard.fsdp import CPUOffloadPolicy
+
+            model = _shard(make_net(), mesh, offload_policy=CPUOffloadPolicy())
         else:
             model = _shard(make_net(), mesh, reshard_after_forward=variant != "keep")
             if variant == "no_reshard_backward":
@@ -191,7 +198,7 @@ def check_meta_init_mixed_precision_state_dict(rank, world):
     # ---- mixed precision
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     model = _shard(make_net(), mesh, mp_policy=mp)
-    model.blocks[0].unshard()
+    model.blocks[0].unshard(async_op=True).wait()
     assert model.blocks[0].up.weight.dtype == torch.bfloat16
     assert not isinstance(model.blocks[0].up.weight, DTensor)
     model.blocks[0].reshard()
