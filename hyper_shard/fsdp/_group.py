@@ -110,6 +110,7 @@ class FSDPParamGroup:
         self._rs_layouts: dict[tuple[int, ...], FlatLayout] = {}
         self._post_forward_indices: list[int] = []
         self._gathered_versions: list[Any] = []
+        self._partial_reduce: dict[tuple[int, ...], Any] = {}
 
     # ------------------------------------------------------------------ init
     def lazy_init(self) -> None:
@@ -355,7 +356,16 @@ class FSDPParamGroup:
             self.comm.pending_reduces.remove(self)
         plat, fw, info = self.plat, self.fw, self.info
         flat = pend.wait()
-        if info.replicate_size > 1 and self.all_reduce_grads:
+        if info.replicate_size > 1:
+            # HSDP without the all-reduce (set_requires_all_reduce(False)): the shard-reduced
+            # sums wait here and join the next reduce that all-reduces (as FSDP2)
+            key = tuple(id(p) for p in params)
+            held = self._partial_reduce.pop(key, None)
+            if held is not None:
+                flat = _add(flat, held)
+            if not self.all_reduce_grads:
+                self._partial_reduce[key] = flat
+                return
             all_reduce_unit(plat, info.replicate_group(), flat, "avg").wait()
             self.comm.count("all_reduce")
         orig = params[0].orig_dtype

@@ -77,6 +77,20 @@ def check_fsdp_matches_single_process(rank, world):
     ref = train(freeze(make_net()), data, 0, 1)
     got = train(freeze(_shard(make_net(), mesh)), data, rank, world, mean_loss=_mean_over(world))
     assert_same_training(got, ref)
+    if world == 4:  # HSDP accumulation: reduce-scatter each micro-batch, all-reduce once
+        model = _shard(make_net(), mesh)
+
+        def all_reduce_last(k):  # noqa: ANN001, ANN202
+            model.set_requires_all_reduce(k == 1)
+
+        ref = train(make_net(), data[:2], 0, 1, micro=2)
+        got = train(
+            model, data[:2], rank, world, micro=2, before_micro=all_reduce_last,
+            mean_loss=_mean_over(world),
+        )
+        assert_same_training(got, ref)
+        counts = model._fsdp_state().comm.counts
+        assert counts["reduce_scatter"] == 2 * 3 * 2 and counts["all_reduce"] == 3 * 2, counts
     return results
 
 
