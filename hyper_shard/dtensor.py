@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .mesh import DeviceMesh
 from .placement import Partial, Placement, Replicate, Shard, grad_placement, normalize_placements
-from .redistribute.executor import execute_plan
+from .redistribute.executor import execute_plan, redistribute_with_plan
 from .redistribute.planner import plan_redistribute
 from .spec import DTensorSpec, TensorMeta, chunk_sizes, contiguous_stride
 
@@ -141,8 +141,10 @@ class DTensor:
         def bwd(g: Any) -> Any:
             return _from_local_backward(plat, g, spec, gp)
 
+        # an alias of local_tensor (no copy) that may be modified in place, as in PyTorch:
+        # the DTensor shares local_tensor's data, not its autograd history
         local = (
-            plat.custom_autograd(lambda x: x, bwd, local_tensor)
+            plat.alias_autograd(bwd, local_tensor)
             if plat.requires_grad(local_tensor)
             else local_tensor
         )
@@ -237,6 +239,11 @@ class DTensor:
             backward_dtype: as PyTorch DTensor: the gradient is cast to this dtype for the
                 backward collectives, then back to the gradient's own dtype.
 
+        Returns:
+            A new DTensor (global shape unchanged) that shares no memory with this one
+            (modifying it in place never changes ``self``), or ``self`` when the placements
+            are already ``placements``.
+
         Raises:
             ValueError: another mesh (cross-mesh redistribution is not supported), or
                 placements that do not fit the mesh/tensor.
@@ -259,13 +266,16 @@ class DTensor:
         dst = spec.with_placements(placements)
         if dst.placements == spec.placements:
             return self if spec is self._spec else plat.wrap(local, spec)
+        src_local = local
         if backward_dtype is None:
             local = redistribute_local(plat, local, spec, dst)
         else:
-            from .dispatch.dispatcher import redistribute_with_plan
-
             plan = plan_redistribute(spec, dst.placements)
             local = redistribute_with_plan(plat, local, spec, plan, backward_dtype)
+        if plat.shares_storage(local, src_local):
+            # a local-only plan (R -> S keeps a chunk) gives a view of the source: the
+            # result is a tensor of its own, so an in-place op on it never reaches self
+            local = plat.clone(local)
         return plat.wrap(local, dst)
 
     def __repr__(self) -> str:  # framework classes override through their hooks
@@ -285,8 +295,6 @@ def _format(dt: Any) -> str:
 # ---------------------------------------------------------------------- helpers
 def redistribute_local(plat: Platform, local: Any, src: DTensorSpec, dst: DTensorSpec) -> Any:
     """Redistribute a local shard from ``src`` to ``dst`` placements (autograd-aware)."""
-    from .dispatch.dispatcher import redistribute_with_plan
-
     plan = plan_redistribute(src, dst.placements, shard_order=dst.shard_order)
     if not plan.steps:
         return local

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .dispatch.dispatcher import config
+from .dispatch.switches import implicit_replication_block
 
 __all__ = ["implicit_replication"]
 
@@ -30,12 +30,9 @@ def implicit_replication() -> Iterator[None]:
     The plain tensor must hold the same values on every rank (it is the global tensor);
     nothing checks that. A gradient flowing back to it is each rank's local contribution
     (as with PyTorch DTensor), so give it ``requires_grad=False`` or reduce it yourself.
-    Works on both backends (PyTorch and MindSpore); the flag is process-wide and
-    restored on exit, also when the body raises.
+    Works on both backends (PyTorch and MindSpore). The switch is a ``ContextVar``:
+    nestable, local to the thread (or asyncio task) that entered it, restored on exit,
+    also when the body raises.
     """
-    old = config.implicit_replication
-    config.implicit_replication = True
-    try:
+    with implicit_replication_block(True):
         yield
-    finally:
-        config.implicit_replication = old

@@ -1,8 +1,22 @@
 """The three-phase dispatcher: preprocess -> cached layout inference -> execute/wrap.
 
-One :class:`Dispatcher` per platform. The hot path (a cache hit with no redistribution)
-is: one dict lookup for the bound op, one scan of the arguments for the key, one
-OrderedDict lookup, the local call, the wrap. Everything else happens on a miss.
+One :class:`Dispatcher` per platform, and ONE path for every call, which both platforms'
+hooks (torch's ``__torch_function__``, MindSpore's ``__fallback__``) enter through
+:meth:`Dispatcher.dispatch`. The platform supplies only what differs between frameworks:
+
+* ``bound_of(func)``: the op bound to a framework function (a dict lookup; None when the
+  function has no entry or the binding table is not built yet);
+* ``run_local(fn, args, kwargs)``: run ``fn`` on the local data of DTensor arguments;
+* ``run_wrap(fn, args, kwargs, decision)``: ``run_local`` then wrap the outputs (the
+  platform's fastest form of both, used on the hot path);
+* ``wrap_outputs(out, decision)``, ``name_of``, ``is_dtensor``, ``lookup`` (builds the
+  binding table when the registry changed) and optionally ``decompose``.
+
+The hot path (a layout-cache hit whose decision moves nothing): the bound-op lookup, one
+scan of the arguments for the key (:meth:`BoundOp.key`), one OrderedDict lookup, the hit
+count, ``run_wrap``. Everything else — a miss, a redistribution, rank-local overrides, an
+in-place op, ``out=``, implicit replication, an unregistered op — takes the slow path,
+which is the same code for every platform.
 
 Unregistered ops raise :class:`~hyper_shard.errors.OpNotRegisteredError` naming the op,
 the input placements and the YAML entry to add, unless the platform can decompose a
@@ -13,28 +27,35 @@ composite function into registered ones, or ``hyper_shard.config.fallback = "rep
 from __future__ import annotations
 
 import dataclasses
+import types
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import OpNotRegisteredError, ShardingError
-from ..redistribute.executor import backward_plan, execute_plan
+from ..redistribute.executor import redistribute_with_plan
+from . import switches
 from .op import BoundOp, Decision, OpCall, fmt_placements
 from .order import any_ordered, left_to_right_call_specs
+from .plain import describe, find_dtensors, replicate_plain
+from .views import link_views, write_back
 
 __all__ = ["Dispatcher", "config", "cache_info", "clear_cache"]
 
 
 class _Config:
-    """Dispatcher policy. ``fallback``: ``"error"`` (default) or ``"replicate"``;
-    ``cache_size``: decisions kept (LRU); ``implicit_replication``: treat plain tensors
-    mixed with DTensors as ``Replicate`` (set by
-    :func:`hyper_shard.experimental.implicit_replication`)."""
+    """Dispatcher policy (process-wide settings, not context switches). ``fallback``:
+    ``"error"`` (default) or ``"replicate"``; ``cache_size``: decisions kept (LRU).
+    ``implicit_replication`` (read-only) is the current context's switch, set by
+    :func:`hyper_shard.experimental.implicit_replication`."""
 
     fallback: str = "error"
     cache_size: int = 8192
-    implicit_replication: bool = False
+
+    @property
+    def implicit_replication(self) -> bool:
+        return switches.implicit_replication_enabled()
 
 
 config = _Config()
@@ -42,7 +63,6 @@ config = _Config()
 _CACHE: OrderedDict[tuple, Decision] = OrderedDict()
 _STATS = {"hits": 0, "misses": 0}
 _WARNED: set[str] = set()
-_DECOMPOSING: list[str] = []  # composite functions being run as their parts (outermost first)
 
 
 def cache_info() -> dict[str, int]:
@@ -57,13 +77,15 @@ def clear_cache() -> None:
 
 
 class Dispatcher:
-    """Routes ops called on a platform's DTensors.
+    """Routes ops called on a platform's DTensors (see the module docstring).
 
     Args:
-        platform: the Platform (collectives, wrapping).
-        lookup: platform function -> BoundOp, or None.
-        name_of: readable name of a platform function (for errors).
+        platform: the Platform, or a zero-argument function returning it (called on first use).
+        bound_of: hot lookup: framework function -> BoundOp, or None.
+        lookup: slow lookup: as ``bound_of``, building the binding table if needed.
+        name_of: readable name of a framework function (for errors).
         run_local: ``run_local(fn, args, kwargs)`` runs ``fn`` on local data.
+        run_wrap: ``run_wrap(fn, args, kwargs, decision)``: run then wrap.
         wrap_outputs: ``wrap_outputs(out, decision)`` wraps local results.
         is_dtensor: the platform's DTensor check.
         decompose: optional ``decompose(func)`` -> a callable running a composite function
@@ -73,27 +95,88 @@ class Dispatcher:
     def __init__(
         self,
         platform: Any,
+        *,
+        bound_of: Callable[[Any], BoundOp | None],
         lookup: Callable[[Any], BoundOp | None],
         name_of: Callable[[Any], str],
         run_local: Callable[[Callable, tuple, dict], Any],
+        run_wrap: Callable[[Callable, tuple, dict, Decision], Any],
         wrap_outputs: Callable[[Any, Decision], Any],
         is_dtensor: Callable[[Any], bool],
         decompose: Callable[[Any], Callable | None] | None = None,
     ) -> None:
-        self.platform = platform
+        self._platform = platform
+        self.bound_of = bound_of
         self.lookup = lookup
         self.name_of = name_of
         self.run_local = run_local
+        self.run_wrap = run_wrap
         self.wrap_outputs = wrap_outputs
         self.is_dtensor = is_dtensor
         self.decompose = decompose
+        self.dispatch = self._make_dispatch()
+
+    @property
+    def platform(self) -> Any:
+        """The Platform (made on first use when a factory was given)."""
+        p = self._platform
+        if isinstance(p, types.FunctionType):
+            p = self._platform = p()
+        return p
 
     def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        bound = self.lookup(func)
-        if config.implicit_replication:
-            args, kwargs = self._replicate_plain(args, kwargs)
-        elif bound is not None and getattr(bound.op, "replicate_plain_lists", False):
-            args, kwargs = self._replicate_plain(args, kwargs, lists_only=True)
+        """Dispatch one call (the same path as :attr:`dispatch`)."""
+        return self.dispatch(func, args, kwargs)
+
+    def _make_dispatch(self) -> Callable[[Any, tuple, dict], Any]:
+        # the hot path as a closure: its collaborators are cell variables, not attribute
+        # lookups on self (this function runs once per op call on DTensors)
+        bound_of, run_wrap, slow, execute = self.bound_of, self.run_wrap, self._slow, self.execute
+        cache, stats, active = _CACHE, _STATS, switches.ACTIVE
+
+        def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+            """Dispatch one framework call that has a DTensor argument."""
+            bound = bound_of(func)
+            if bound is not None and not active.n and not (kwargs and "out" in kwargs):
+                key, dts = bound.key(args, kwargs)
+                dec = cache.get(key)
+                if dec is not None:
+                    stats["hits"] += 1
+                    cache.move_to_end(key)
+                    if dec.direct:
+                        return run_wrap(dec.impl or func, args, kwargs, dec)
+                    return execute(bound, func, args, kwargs, dts, dec)
+            return slow(bound, func, args, kwargs)
+
+        return dispatch
+
+    def decide(self, func: Any, args: tuple, kwargs: dict) -> Decision:
+        """The decision this call gets (looked up, or made and cached), without running it.
+
+        Raises:
+            OpNotRegisteredError: ``func`` has no entry.
+        """
+        bound = self.bound_of(func) or self.lookup(func)
+        if bound is None:
+            raise OpNotRegisteredError(f"op {self.name_of(func)!r} has no sharding rule")
+        args, kwargs = self._prepare(bound, args, kwargs)
+        key, dts = bound.key(args, kwargs)
+        dec = _CACHE.get(key)
+        return dec if dec is not None else self._miss(bound, func, args, kwargs, dts, key)
+
+    # ------------------------------------------------------------------ slow path
+    def _prepare(self, bound: BoundOp | None, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Plain tensors the current switches (or the op) take as Replicate DTensors."""
+        if switches.implicit_replication_enabled():
+            return replicate_plain(self.platform, self.is_dtensor, args, kwargs)
+        if bound is not None and getattr(bound.op, "replicate_plain_lists", False):
+            return replicate_plain(self.platform, self.is_dtensor, args, kwargs, lists_only=True)
+        return args, kwargs
+
+    def _slow(self, bound: BoundOp | None, func: Any, args: tuple, kwargs: dict) -> Any:
+        if bound is None:
+            bound = self.lookup(func)
+        args, kwargs = self._prepare(bound, args, kwargs)
         if kwargs and kwargs.get("out") is not None:
             return self._with_out(func, args, kwargs)
         if bound is None:
@@ -109,6 +192,30 @@ class Dispatcher:
         _STATS["hits"] += 1
         _CACHE.move_to_end(key)
         return self.execute(bound, func, args, kwargs, dts, dec)
+
+    def execute(
+        self, bound: BoundOp, func: Any, args: tuple, kwargs: dict, dts: list, dec: Decision
+    ) -> Any:
+        """Phase 3: redistribute the inputs a decision moves, run the local op, wrap.
+
+        An in-place op on a copied view is written back to its base; a view op whose
+        decision moved its input links its outputs to it (:mod:`.views`)."""
+        call_args, call_kwargs = args, kwargs
+        if dec.needs_redist:
+            args, kwargs = self._redistribute(args, kwargs, dts, dec)
+        if dec.overrides:
+            for name, value in dec.overrides.items():
+                args, kwargs = bound.binder.replace(args, kwargs, name, value)
+        if dec.inplace:
+            target = dts[0]  # the target (first DTensor input, positional or keyword)
+            self.run_local(dec.impl or func, args, kwargs)
+            if dec.writes_back:
+                write_back(target, self)
+            return target
+        out = self.run_wrap(dec.impl or func, args, kwargs, dec)
+        if dec.link_views:
+            link_views(out, dts, dec.targets[0] is not None, dec.view, func, call_args, call_kwargs)
+        return out
 
     def _check_local_shapes(self, bound: BoundOp, func: Any, out: Any, key: tuple) -> None:
         """On a decision's first run: every output's local shape must be the one its spec
@@ -135,77 +242,12 @@ class Dispatcher:
                     f"(docs/custom_ops.md) or write a class for it"
                 )
 
-    def _replicate_plain(
-        self, args: tuple, kwargs: dict, lists_only: bool = False
-    ) -> tuple[tuple, dict]:
-        """Under implicit replication: every plain tensor of rank >= 1 next to a DTensor,
-        and every plain tensor inside a list or tuple (0-d too), becomes a ``Replicate``
-        DTensor on that DTensor's mesh (an alias: same storage, autograd kept). The plain
-        tensor must hold the same values on every rank, as in PyTorch DTensor's
-        ``implicit_replication``; ``out=`` tensors are left alone. ``lists_only``: only
-        the list elements (the default for foreach ops, whose elements are independent)."""
-        is_dt = self.is_dtensor
-        plain = self.platform.is_tensor
-        mesh = None
-        found = False
-
-        def scan(a: Any, nested: bool = False) -> None:
-            nonlocal mesh, found
-            if is_dt(a):
-                if mesh is None:
-                    mesh = a._spec.mesh
-            elif type(a) in (list, tuple):
-                for x in a:
-                    scan(x, True)
-            elif plain(a) and (nested or (not lists_only and len(self.platform.shape(a)) > 0)):
-                found = True
-
-        for a in args:
-            scan(a)
-        for k, v in kwargs.items():
-            if k != "out":
-                scan(v)
-        if mesh is None or not found:
-            return args, kwargs
-        from ..placement import Replicate
-        from ..spec import DTensorSpec
-
-        plat = self.platform
-        reps = [Replicate()] * mesh.ndim
-
-        def conv(a: Any, nested: bool = False) -> Any:
-            if is_dt(a):
-                return a
-            if type(a) in (list, tuple):
-                return type(a)(conv(x, True) for x in a)
-            if plain(a) and (nested or (not lists_only and len(plat.shape(a)) > 0)):
-                return plat.wrap(a, DTensorSpec(mesh, reps, plat.tensor_meta(a)))
-            return a
-
-        args = tuple(conv(a) for a in args)
-        kwargs = {k: (v if k == "out" else conv(v)) for k, v in kwargs.items()}
-        return args, kwargs
-
-    def execute(
-        self, bound: BoundOp, func: Any, args: tuple, kwargs: dict, dts: list, dec: Decision
-    ) -> Any:
-        """Phase 3: redistribute the inputs a decision moves, run the local op, wrap."""
-        if dec.needs_redist:
-            args, kwargs = self._redistribute(args, kwargs, dts, dec)
-        if dec.overrides:
-            for name, value in dec.overrides.items():
-                args, kwargs = bound.binder.replace(args, kwargs, name, value)
-        out = self.run_local(dec.impl or func, args, kwargs)
-        if dec.inplace:
-            return dts[0]  # the target (first DTensor input, positional or keyword)
-        return self.wrap_outputs(out, dec)
-
     def _with_out(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """``out=`` variants: compute out of place, then write into ``out`` when it is a
         DTensor with exactly the result's layout (else a clear error; nothing is written)."""
         kw = dict(kwargs)
         out = kw.pop("out")
-        result = self(func, args, kw)
+        result = self.dispatch(func, args, kw)
         name = self.name_of(func)
         outs = out if isinstance(out, (tuple, list)) else (out,)
         results = result if isinstance(result, (tuple, list)) else (result,)
@@ -244,10 +286,11 @@ class Dispatcher:
         try:
             layout = bound.op.infer_layout(rule_call)
         except (ValueError, IndexError, TypeError) as e:
-            # a rule's own shape/argument check: name the call and its placements
+            # a rule's own shape/argument check: name the call and its placements (the
+            # original error stays the cause: a bug inside a rule keeps its traceback)
             msg = str(e)
             if type(e) in (ValueError, IndexError, TypeError) and call.platform_name not in msg:
-                raise type(e)(f"{call.describe()}: {msg}") from None
+                raise type(e)(f"{call.describe()}: {msg}") from e
             raise
         dec = Decision(call, layout, keeps)
         _CACHE[key] = dec
@@ -272,7 +315,8 @@ class Dispatcher:
         roles: list[str] = []
         scalars: dict[str, Any] = {}
         ids = {id(d) for d in dts}
-        plain_tensor = self.platform.is_tensor
+        plat = self.platform
+        plain_tensor = plat.is_tensor
 
         def role_of(i: int | str) -> str:
             if isinstance(i, str):
@@ -290,13 +334,13 @@ class Dispatcher:
             elif isinstance(a, (int, float, bool, complex)):
                 scalars[name] = a
             elif plain_tensor(a):
-                if len(self.platform.shape(a)) == 0:
+                if len(plat.shape(a)) == 0:
                     scalars[name] = a
                 else:
                     raise ShardingError(
                         f"{pname}: got a plain {type(a).__name__} of shape "
-                        f"{tuple(self.platform.shape(a))} for {name!r} mixed with DTensor inputs "
-                        f"({_describe(dts)}); convert it with "
+                        f"{tuple(plat.shape(a))} for {name!r} mixed with DTensor inputs "
+                        f"({describe(dts)}); convert it with "
                         f"distribute_tensor(t, mesh, [Replicate()]) or DTensor.from_local first, "
                         f"or call inside `with hyper_shard.experimental.implicit_replication():` "
                         f"if it holds the same values on every rank"
@@ -320,7 +364,7 @@ class Dispatcher:
             kwargs=kwargs,
             func=func,
             binder=binder,
-            platform=self.platform,
+            platform=plat,
         )
 
     def _redistribute(
@@ -363,20 +407,18 @@ class Dispatcher:
         if self.decompose is not None:
             fn = self.decompose(func)
             if fn is not None:
-                _DECOMPOSING.append(self.name_of(func))
-                try:
+                with switches.decomposing(self.name_of(func)):
                     return fn(*args, **kwargs)
-                finally:
-                    _DECOMPOSING.pop()
         name = self.name_of(func)
-        dts = _find_dtensors(args, kwargs, self.is_dtensor)
+        dts = find_dtensors(args, kwargs, self.is_dtensor)
         if config.fallback == "replicate" and dts:
             return self._replicate_fallback(func, name, args, kwargs, dts)
-        desc = _describe(dts) or "no DTensor"
+        desc = describe(dts) or "no DTensor"
         short = name.split(".")[-1].rstrip("_")
         inside, bind = "", name
-        if _DECOMPOSING:
-            outer = bind = _DECOMPOSING[0]
+        stack = switches.decomposition_stack()
+        if stack:
+            outer = bind = stack[0]
             short = outer.split(".")[-1].rstrip("_")
             inside = (
                 f" It was called by {outer}, which has no entry either and which hyper_shard "
@@ -426,22 +468,6 @@ class Dispatcher:
         return type(out)(one(x) for x in out) if isinstance(out, (tuple, list)) else one(out)
 
 
-def _describe(dts: list, limit: int = 4) -> str:
-    """The inputs' layouts for an error message (the first ``limit``, then a count)."""
-    shown = ", ".join(fmt_placements(d._spec) for d in dts[:limit])
-    return shown + (f", ... ({len(dts) - limit} more DTensors)" if len(dts) > limit else "")
-
-
-def _find_dtensors(args: tuple, kwargs: dict, is_dt: Callable[[Any], bool]) -> list:
-    out = []
-    for a in list(args) + list(kwargs.values()):
-        if is_dt(a):
-            out.append(a)
-        elif type(a) in (list, tuple):
-            out.extend(x for x in a if is_dt(x))
-    return out
-
-
 def _moved(plat: Any, dt: Any, plan: Any, tgt: Any) -> Any:
     """``dt``'s local data redistributed to ``tgt``. A DTensor that needs no gradient
     keeps its last result while its data is unchanged (same version counter), so a
@@ -458,27 +484,3 @@ def _moved(plat: Any, dt: Any, plan: Any, tgt: Any) -> Any:
     r = redistribute_with_plan(plat, local, dt._spec, plan)
     dt.__dict__["_hs_moved"] = (ver, tgt.placements, r)
     return r
-
-
-def redistribute_with_plan(
-    plat: Any, local: Any, spec: Any, plan: Any, backward_dtype: Any = None
-) -> Any:
-    """Run a precomputed redistribution plan on a local tensor, differentiably.
-    ``backward_dtype``: run the backward collectives on the gradient cast to this dtype
-    (cast back afterwards)."""
-    if not plat.requires_grad(local):
-        return execute_plan(plat, local, spec, plan)
-    saved: list[Any] = []
-    if backward_dtype is None:
-        bwd = lambda g: backward_plan(plat, g, spec, plan, saved)  # noqa: E731
-    else:
-
-        def bwd(g: Any) -> Any:
-            low = plat.cast(g, backward_dtype)
-            return plat.cast(backward_plan(plat, low, spec, plan, saved), g.dtype)
-
-    return plat.custom_autograd(
-        lambda x: execute_plan(plat, x, spec, plan, saved),
-        bwd,
-        local,
-    )

@@ -28,11 +28,12 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 
 from ..errors import ShardingError
-from ..placement import Partial, Placement
+from ..placement import Placement
 from ..redistribute.planner import Plan, cost_model_for, plan_redistribute
 from ..registry.models import RuleParams
 from ..spec import DTensorSpec, TensorMeta, contiguous_stride
 from .search import SingleDimStrategy, search_strategy
+from .views import ViewCopySpec
 
 __all__ = [
     "DistributedOp",
@@ -178,6 +179,8 @@ class Layout:
         cost: modelled redistribution cost (seconds).
         out_sources: per output, the inputs whose shards it is made of (default: every
             input); read only for inputs with a shard order (:mod:`.order`).
+        view: a :class:`~hyper_shard.dispatch.views.ViewOf` when the outputs are views of
+            the first DTensor input (as the framework's op returns views), else None.
     """
 
     inputs: Sequence[tuple[Placement, ...] | None]
@@ -186,8 +189,8 @@ class Layout:
     impl: Callable | None = None
     overrides: dict[str, Any] | None = None
     cost: float = 0.0
-    out_dtypes: Sequence[Any] | None = None
     out_sources: Sequence[Sequence[int]] | None = None
+    view: Any = None
 
 
 # ---------------------------------------------------------------------- the op
@@ -275,11 +278,11 @@ class DistributedOp:
             res = search_strategy(
                 call.specs, strategies, self.n_outputs, cm, fixed=fixed, accept=accept
             )
-        except ValueError:
+        except ValueError as e:
             raise ShardingError(
                 f"{call.describe()}: no sharding strategy keeps the in-place target's placements; "
                 f"redistribute it first, or use the out-of-place op"
-            ) from None
+            ) from e
         layout = Layout(
             list(res.inputs), list(res.outputs), self.output_shapes(call), cost=res.cost
         )
@@ -303,11 +306,15 @@ class Decision:
         "impl",
         "overrides",
         "inplace",
-        "_specs",
+        "direct",
+        "out_specs",
         "mesh",
         "cost",
         "layout",
         "out_orders",
+        "view",
+        "link_views",
+        "writes_back",
     )
 
     def __init__(self, call: OpCall, layout: Layout, keeps_order: bool | None = None) -> None:
@@ -334,7 +341,26 @@ class Decision:
         self.impl = layout.impl
         self.overrides = layout.overrides
         self.inplace = call.inplace
-        self._specs: dict[tuple[int, Any], DTensorSpec] = {}
+        self.view = layout.view
+        copied_input = bool(call.specs) and type(call.specs[0]) is ViewCopySpec
+        #: the outputs are copied views, or views of one, to link to their base
+        self.link_views = (
+            layout.view is not None
+            and getattr(call.platform, "view_semantics", False)
+            and (copied_input or (bool(self.targets) and self.targets[0] is not None))
+        )
+        #: an in-place op on a copied view: written back to its base after it runs
+        self.writes_back = call.inplace and copied_input
+        #: nothing to move, no rank-local override, not in place, no copied-view input
+        #: (see :mod:`hyper_shard.dispatch.views`): the hot path runs it
+        self.direct = (
+            not self.needs_redist
+            and not self.overrides
+            and not self.inplace
+            and not any(type(s) is ViewCopySpec for s in call.specs)
+        )
+        #: (output index, dtype) -> output spec, made by :meth:`out_spec` on first use
+        self.out_specs: dict[tuple[int, Any], DTensorSpec] = {}
         if call.inplace and self.outputs and self.outputs[0] is not None:
             if self.outputs[0] != call.specs[0].placements or (
                 self.shapes[0] is not None and tuple(self.shapes[0]) != call.specs[0].shape
@@ -369,8 +395,10 @@ class Decision:
                 self.targets.append(dst)
 
     def out_spec(self, i: int, dtype: Any, itemsize: int) -> DTensorSpec:
+        """The spec of output ``i`` for a local result of ``dtype`` (made once, then kept in
+        :attr:`out_specs`)."""
         key = (i, dtype)
-        spec = self._specs.get(key)
+        spec = self.out_specs.get(key)
         if spec is None:
             shape = self.shapes[i]
             pl = self.outputs[i]
@@ -381,7 +409,7 @@ class Decision:
                 TensorMeta(tuple(shape), contiguous_stride(shape), dtype, itemsize),
                 self.out_orders[i] if self.out_orders else None,
             )
-            self._specs[key] = spec
+            self.out_specs[key] = spec
         return spec
 
 
@@ -524,9 +552,3 @@ def _hashable(v: Any) -> Any:
     except TypeError:
         return repr(v)
     return v
-
-
-# ---------------------------------------------------------------------- helpers for rules
-def is_linear_partial(p: Placement) -> bool:
-    """Partial(sum) or Partial(avg): values a linear op may keep partial."""
-    return type(p) is Partial and p.reduce_op in ("sum", "avg")

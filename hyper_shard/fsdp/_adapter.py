@@ -44,8 +44,9 @@ class FSDPFramework:
     def requires_grad(self, param: Any) -> bool:
         raise NotImplementedError
 
-    def fsdp_class(self, cls: type, mixin: type) -> type:
-        """The class a module of class ``cls`` is swapped to (``mixin`` first in its MRO)."""
+    def fsdp_class(self, cls: type) -> type:
+        """The class a module of class ``cls`` is swapped to (the framework's
+        :class:`~hyper_shard.fsdp.FSDPModule` subclass first in its MRO, then ``cls``)."""
         raise NotImplementedError
 
     def register_forward_hooks(

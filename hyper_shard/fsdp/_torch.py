@@ -99,7 +99,7 @@ class TorchFSDP(FSDPFramework):
         with DisableTorchFunctionSubclass():
             return bool(param.requires_grad)
 
-    def fsdp_class(self, cls: type, mixin: type) -> type:
+    def fsdp_class(self, cls: type) -> type:
         if issubclass(cls, TorchFSDPModule):
             return cls
         out = self._classes.get(cls)
@@ -114,7 +114,7 @@ class TorchFSDP(FSDPFramework):
     def register_state_dict_hooks(
         self, module: Any, pre_save: Callable[[], None], pre_load: Callable[[dict, str], None]
     ) -> None:
-        module.register_state_dict_pre_hook(lambda m, prefix, keep_vars: pre_save())
+        module.register_state_dict_pre_hook(lambda m, *rest: pre_save())
         module.register_load_state_dict_pre_hook(lambda m, sd, prefix, *rest: pre_load(sd, prefix))
 
     # ---------------------------------------------------------------- autograd

@@ -15,7 +15,6 @@ from ..spec import DTensorSpec
 from ._adapter import framework_for
 from ._group import FSDPParamGroup
 from ._mesh import MeshInfo
-from ._module import FSDPModule
 from ._param import FSDPParam
 from ._policy import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 from ._state import FSDPState, state_of
@@ -141,7 +140,7 @@ def fully_shard(
     fw.register_forward_hooks(module, state.pre_forward, state.post_forward)
     if group is not None:
         _register_state_dict_hooks(fw, group)
-    module.__class__ = fw.fsdp_class(type(module), FSDPModule)
+    module.__class__ = fw.fsdp_class(type(module))
     return module
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..dtensor import DTensor, _from_local_backward, redistribute_local
 from ..mesh import DeviceMesh
-from ..placement import Partial, Placement, Replicate, Shard, normalize_placements
+from ..placement import Placement, Replicate, Shard, normalize_placements
 from ..spec import DTensorSpec
 
 __all__ = ["from_local_even", "redistribute", "to_local", "full_tensor", "normalize_layout"]
@@ -170,10 +170,6 @@ def full_tensor(dt: Any) -> Any:
     local chunk for a ``Shard`` one. Redistributing then calling ``to_local`` would turn the
     replicated gradient into per-rank contributions and all-reduce them again."""
     return DTensor.full_tensor(dt)
-
-
-def is_partial(placements: Sequence[Placement]) -> bool:
-    return any(type(p) is Partial for p in placements)
 
 
 def replicate(mesh: DeviceMesh) -> tuple[Placement, ...]:

@@ -246,7 +246,7 @@ class RowwiseParallel(ColwiseParallel):
                     raise ValueError(
                         f"{type(self).__name__} input of {type(mod).__name__} "
                         f"(in_features {k}): {e}"
-                    ) from None
+                    ) from e
                 return (redistribute(dt, (desired,)), *inputs[1:])
         return super()._prepare_input_fn(desired, mod, inputs, mesh)
 

@@ -57,6 +57,10 @@ class Platform:
 
     name: str = "abstract"
     #: collectives the backend runs natively; the others are composed by the executor.
+    #: whether the framework's view ops return views that share memory with their input
+    #: (torch: yes), so that views of DTensors are linked to their base
+    #: (:mod:`hyper_shard.dispatch.views`)
+    view_semantics: bool = False
     native_collectives: frozenset[str] = COLLECTIVES
 
     # ------------------------------------------------------------ process groups
@@ -246,6 +250,13 @@ class Platform:
         """``fwd(x)`` recorded as one autograd node whose backward is ``bwd(grad)``."""
         raise NotImplementedError
 
+    def alias_autograd(self, bwd: Callable[[Any], Any], x: Any) -> Any:
+        """An alias of ``x`` (same data, no copy) recorded as one autograd node whose
+        backward is ``bwd(grad)``, that may be modified in place as a tensor of its own (as
+        ``DTensor.from_local``'s result may, in PyTorch). Default: the identity
+        :meth:`custom_autograd`."""
+        return self.custom_autograd(lambda t: t, bwd, x)
+
     def requires_grad(self, t: Any) -> bool:
         raise NotImplementedError
 
@@ -287,6 +298,20 @@ class Platform:
     def copy_into(self, dst: Any, src: Any) -> None:
         """Copy DTensor ``src``'s local data into DTensor ``dst``'s (same layout), in place."""
         raise NotImplementedError
+
+    def shares_storage(self, a: Any, b: Any) -> bool:
+        """Whether local tensors ``a`` and ``b`` are views of the same memory (default:
+        False, for a framework that does not say)."""
+        return False
+
+    def copy_plain(self, dst: Any, src: Any) -> None:
+        """``dst`` (a plain local tensor, possibly a view) overwritten in place with ``src``
+        (differentiable)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot copy into local tensors")
+
+    def clone(self, t: Any) -> Any:
+        """A copy of local ``t`` (differentiable)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot clone local tensors")
 
     def detach(self, t: Any) -> Any:
         raise NotImplementedError

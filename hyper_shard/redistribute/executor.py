@@ -15,7 +15,7 @@ from ..spec import DTensorSpec, split_orders
 from .planner import Plan
 from .steps import COUNTERS, STEPS, OrderedState, run_step
 
-__all__ = ["execute_plan", "backward_plan", "run_step", "COUNTERS"]
+__all__ = ["execute_plan", "backward_plan", "redistribute_with_plan", "run_step", "COUNTERS"]
 
 
 def execute_plan(
@@ -78,3 +78,27 @@ def backward_plan(
             plat, grad, spec, states[i], states[i + 1], st.mesh_dim, st.src, st.dst, saved_left
         )
     return grad
+
+
+def redistribute_with_plan(
+    plat: Any, local: Any, spec: DTensorSpec, plan: Plan, backward_dtype: Any = None
+) -> Any:
+    """Run a precomputed plan on a local tensor, differentiably: the platform's custom
+    autograd function runs :func:`execute_plan` forward and :func:`backward_plan` on the
+    gradient. ``backward_dtype``: run the backward collectives on the gradient cast to this
+    dtype (cast back afterwards), as PyTorch DTensor's ``redistribute(backward_dtype=)``."""
+    if not plat.requires_grad(local):
+        return execute_plan(plat, local, spec, plan)
+    saved: list[Any] = []
+    if backward_dtype is None:
+
+        def bwd(g: Any) -> Any:
+            return backward_plan(plat, g, spec, plan, saved)
+
+    else:
+
+        def bwd(g: Any) -> Any:
+            low = plat.cast(g, backward_dtype)
+            return plat.cast(backward_plan(plat, low, spec, plan, saved), g.dtype)
+
+    return plat.custom_autograd(lambda x: execute_plan(plat, x, spec, plan, saved), bwd, local)

@@ -38,7 +38,6 @@ class PlacementGraph:
         "_code",
         "_edges",
         "_bytes",
-        "_pcode",
         "_dist",
         "_move_cache",
     )
@@ -63,7 +62,6 @@ class PlacementGraph:
             *[Partial(o) for o in ops],
         ]
         self._code = {p: i for i, p in enumerate(self.placements)}
-        self._pcode = {o: 1 + self.ndim + i for i, o in enumerate(ops)}
         self._edges: dict[tuple[int, ...], list[tuple[tuple[int, ...], float, int, str]]] = {}
         self._bytes: dict[tuple[int, ...], int] = {}
         self._dist: dict[tuple[int, ...], dict[tuple[int, ...], float]] = {}

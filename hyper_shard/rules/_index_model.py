@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import ShardingError
 from ._util import broadcast_shapes
-from .tensor_ops import as_int
+from .planned import as_int
 
 __all__ = ["IndexForm", "parse_index", "local_slice"]
 

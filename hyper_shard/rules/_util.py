@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
+from typing import Any
 
-from ..placement import Partial, Placement, Replicate, Shard
+from ..placement import Replicate
 
-__all__ = ["broadcast_shapes", "normalize_dim", "R", "LINEAR_OPS", "partial_ops_of"]
+__all__ = [
+    "broadcast_shapes",
+    "normalize_dim",
+    "R",
+    "LINEAR_OPS",
+    "split_sizes",
+    "chunk_sizes_torch",
+    "as_int",
+]
 
 R = Replicate()
 LINEAR_OPS = ("sum", "avg")
@@ -44,9 +54,49 @@ def normalize_dim(d: int, ndim: int, what: str = "dim") -> int:
     return d % n
 
 
-def partial_ops_of(placements: Sequence[Placement]) -> set[str]:
-    return {p.reduce_op for p in placements if type(p) is Partial}
+def as_int(v: Any, what: str) -> int:
+    """``v`` as a python int (ints, 0-d integer tensors, numpy ints).
+
+    Raises:
+        TypeError: not an integer.
+    """
+    if isinstance(v, bool):
+        raise TypeError(f"{what} must be an int, got {v!r}")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {type(v).__name__} {v!r}") from None
 
 
-def shard(d: int) -> Shard:
-    return Shard(d)
+def split_sizes(extent: int, split: Any) -> list[int]:
+    """Piece sizes of ``torch.split(x, split, dim)`` along a dim of ``extent`` elements.
+
+    Raises:
+        ValueError: sections that do not add up to ``extent``, or a non-positive size.
+    """
+    if isinstance(split, (list, tuple)):
+        sizes = [as_int(s, "split size") for s in split]
+        if sum(sizes) != extent or any(s < 0 for s in sizes):
+            raise ValueError(
+                f"split_with_sizes expects split_sizes to sum exactly to {extent}, got {sizes}"
+            )
+        return sizes
+    s = as_int(split, "split_size")
+    if s <= 0 and extent > 0:
+        raise ValueError(f"split expects split_size to be positive, got {s}")
+    if extent == 0:
+        return [0]
+    return [min(s, extent - i) for i in range(0, extent, s)]
+
+
+def chunk_sizes_torch(extent: int, chunks: int) -> list[int]:
+    """Piece sizes of ``torch.chunk(x, chunks, dim)`` (may be fewer than ``chunks``)."""
+    if chunks <= 0:
+        raise ValueError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
+    if extent == 0:
+        return [0] * chunks
+    c = -(-extent // chunks)
+    return [min(c, extent - i) for i in range(0, extent, c)]
+
+
+# ---------------------------------------------------------------------- the tensor_op rule

@@ -307,4 +307,4 @@ class EinsumCallOp(EinsumOp):
         try:
             return torch_einsum_equation(eq)
         except ValueError as e:
-            raise ShardingError(f"{call.describe()}: {e}") from None
+            raise ShardingError(f"{call.describe()}: {e}") from e

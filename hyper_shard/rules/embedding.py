@@ -38,7 +38,7 @@ from ..registry.models import RuleParams
 from ..spec import compute_local_shape_and_offset
 from . import register_rule
 from ._util import R, normalize_dim
-from .tensor_ops import OpPlan, PlannedOp, as_int, partials_of
+from .planned import OpPlan, PlannedOp, as_int, partials_of
 
 __all__ = ["EmbeddingOp", "EmbeddingParams", "VocabParallelLookup"]
 

@@ -203,14 +203,14 @@ class ForeachOp(DistributedOp):
                 fixed = ((0,) if inplace else ()) + tuple(range(len(idx), len(specs)))
                 try:
                     res = search_strategy(specs, strategies, 1, cm, fixed=fixed)
-                except ValueError:
+                except ValueError as e:
                     raise ShardingError(
                         f"{call.describe()}: element {i} ({call.arg_roles[idx[0]]}, "
                         f"{list(specs[0].placements)}) cannot be updated in place by "
                         f"{call.platform_name} while keeping its placements"
                         + (" (a python scalar term on a Partial value)" if has_term else "")
                         + "; redistribute it first (e.g. to Replicate())"
-                    ) from None
+                    ) from e
                 memo[key] = res
             for j, k in enumerate(idx):
                 targets[k] = res.inputs[j]

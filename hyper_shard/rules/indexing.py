@@ -46,24 +46,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
+
+from pydantic import field_validator
 
 from ..dispatch.op import Layout, OpCall
+from ..dispatch.views import ViewOf
 from ..errors import ShardingError
 from ..placement import Partial, Placement, Shard
 from ..registry.models import RuleParams
 from ..spec import compute_local_shape_and_offset
 from . import register_rule
 from ._index_model import IndexForm, local_slice, parse_index
+from ._kinds import KindTable
 from ._util import R, normalize_dim
+from .planned import OpPlan, PlannedOp, as_int, keep_strategies, partials_of
 from .tensor_create import scalar_off_coordinate0 as _scalar_off_coordinate0
-from .tensor_ops import OpPlan, PlannedOp, as_int, keep_strategies, partials_of
 
 __all__ = ["IndexOp", "IndexParams", "IndexForm", "parse_index", "strided_slice_index"]
 
-IndexKind = Literal[
-    "getitem", "setitem", "index_select", "gather", "scatter", "scatter_add", "strided_slice"
-]
 
 _MASKS = ("begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask")
 _UNSUPPORTED_STRIDED = (
@@ -72,18 +73,19 @@ _UNSUPPORTED_STRIDED = (
     "result could not match it; index the DTensor with x[...] instead (the __getitem__ entry)"
 )
 
-_SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "getitem": (("input", "indices"), ("indices",)),
-    "setitem": (("input", "indices", "value"), ("indices",)),
-    "index_select": (("input", "dim", "index"), ("dim",)),
-    "gather": (("input", "dim", "index", "sparse_grad"), ("dim",)),
-    "scatter": (("input", "dim", "index", "src", "reduce"), ("dim", "reduce")),
-    "scatter_add": (("input", "dim", "index", "src"), ("dim",)),
-    "strided_slice": (
-        ("input", "begin", "end", "strides", *_MASKS),
-        ("begin", "end", "strides", *_MASKS),
-    ),
-}
+_KINDS = KindTable("index")
+
+
+class _Same:
+    """Output ``i`` of a basic-index view is ``base[index]`` (one output)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: Any) -> None:
+        self.index = index
+
+    def __call__(self, i: int) -> Any:
+        return self.index
 
 
 class _CheckedGetitem:
@@ -145,7 +147,12 @@ class _LocalSetitem:
 class IndexParams(RuleParams):
     """``kind``: which indexing op the entry is (see the module docstring)."""
 
-    kind: IndexKind
+    kind: str
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        return _KINDS.validate(v)
 
 
 @register_rule("index")
@@ -163,10 +170,11 @@ class IndexOp(PlannedOp):
 
     def __init__(self, name: str, params: Any = None) -> None:
         super().__init__(name, params)
-        self.use_signature(*_SIGNATURES[self.params.kind])
+        k = _KINDS[self.params.kind]
+        self.use_signature(k.signature, k.static)
 
     def plan(self, call: OpCall) -> OpPlan:
-        return getattr(self, f"_plan_{self.params.kind}")(call)
+        return _KINDS[self.params.kind].plan(self, call)
 
     def infer_layout(self, call: OpCall) -> Layout:
         if self.params.kind == "setitem":
@@ -175,15 +183,16 @@ class IndexOp(PlannedOp):
             except ShardingError:
                 raise
             except (IndexError, TypeError) as e:
-                raise type(e)(f"{call.describe()}: {e}") from None
+                raise type(e)(f"{call.describe()}: {e}") from e
             except ValueError as e:
-                raise ShardingError(f"{call.describe()}: {e}") from None
+                raise ShardingError(f"{call.describe()}: {e}") from e
         return super().infer_layout(call)
 
     # -- __getitem__ --------------------------------------------------------------
     def _index(self, call: OpCall) -> Any:
         return call.get("indices")
 
+    @_KINDS.kind("getitem", ("input", "indices"), ("indices",))
     def _plan_getitem(self, call: OpCall) -> OpPlan:
         x = call.specs[0]
         if call.arg_roles[0] != "input":
@@ -201,6 +210,8 @@ class IndexOp(PlannedOp):
                 f"x[mask] = value, or index the full tensors: x.full_tensor()[mask.full_tensor()]"
             )
         plan = self._plan_form(call, form)
+        if not form.adv:  # basic indexing (ints, slices, None, ...): a view, as in torch
+            plan.view = ViewOf(_Same(index))
         if isinstance(index, (list, tuple)) and not any(
             it.kind in ("slice", "new", "ellipsis") or it.spec is not None for it in form.items
         ):
@@ -225,6 +236,30 @@ class IndexOp(PlannedOp):
         return OpPlan([tuple(int(s) for s in form.out_shape)], strategies)  # type: ignore[arg-type]
 
     # -- strided slice ----------------------------------------------------------------
+    @_KINDS.kind(
+        "strided_slice",
+        (
+            "input",
+            "begin",
+            "end",
+            "strides",
+            "begin_mask",
+            "end_mask",
+            "ellipsis_mask",
+            "new_axis_mask",
+            "shrink_axis_mask",
+        ),
+        (
+            "begin",
+            "end",
+            "strides",
+            "begin_mask",
+            "end_mask",
+            "ellipsis_mask",
+            "new_axis_mask",
+            "shrink_axis_mask",
+        ),
+    )
     def _plan_strided_slice(self, call: OpCall) -> OpPlan:
         x = call.specs[0]
         if call.arg_roles != ["input"]:
@@ -293,6 +328,7 @@ class IndexOp(PlannedOp):
         return plan
 
     # -- __setitem__ --------------------------------------------------------------
+    @_KINDS.kind("setitem", ("input", "indices", "value"), ("indices",))
     def _setitem_layout(self, call: OpCall) -> Layout:
         x = call.specs[0]
         if call.arg_roles[0] != "input":
@@ -395,6 +431,7 @@ class IndexOp(PlannedOp):
                 return s
         return None
 
+    @_KINDS.kind("index_select", ("input", "dim", "index"), ("dim",))
     def _plan_index_select(self, call: OpCall) -> OpPlan:
         x = call.specs[0]
         dim = self._dim(call, x.ndim)
@@ -411,6 +448,7 @@ class IndexOp(PlannedOp):
         strategies = keep_strategies(maps, 1, partials_of([x]), [True] + [False] * (len(maps) - 1))
         return OpPlan([tuple(shape)], strategies)
 
+    @_KINDS.kind("gather", ("input", "dim", "index", "sparse_grad"), ("dim",))
     def _plan_gather(self, call: OpCall) -> OpPlan:
         x = call.specs[0]
         idx = self._index_spec(call)
@@ -426,6 +464,8 @@ class IndexOp(PlannedOp):
         strategies = keep_strategies(maps, 1, partials_of([x]), [True, False])
         return OpPlan([idx.shape], strategies)
 
+    @_KINDS.kind("scatter_add", ("input", "dim", "index", "src"), ("dim",))
+    @_KINDS.kind("scatter", ("input", "dim", "index", "src", "reduce"), ("dim", "reduce"))
     def _plan_scatter(self, call: OpCall) -> OpPlan:
         x = call.specs[0]
         dim = self._dim(call, x.ndim)
@@ -447,8 +487,6 @@ class IndexOp(PlannedOp):
             ops = ("sum", "avg") if self.params.kind == "scatter_add" else None
             partials = [p for p in partials_of([x]) if ops is None or p.reduce_op in ops]
         return OpPlan([x.shape], keep_strategies(maps, 1, partials, flags))
-
-    _plan_scatter_add = _plan_scatter
 
 
 def strided_slice_index(

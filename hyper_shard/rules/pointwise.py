@@ -14,6 +14,9 @@ Replicate). Partial values follow the op's linearity (``partial:``):
 * ``max_preserving`` (monotone non-decreasing ops: relu, clamp-free max): ``Partial(max)``
   -> ``Partial(max)`` and ``Partial(min)`` -> ``Partial(min)`` for one-input ops.
 
+``rule: where`` is ``torch.where(condition, input, other)``: this rule, refusing the
+one-argument form, whose result shape depends on the values.
+
 Semantics follow PyTorch's elementwise ops and broadcasting.
 """
 
@@ -23,12 +26,13 @@ from typing import Literal
 
 from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..dispatch.search import SingleDimStrategy
+from ..errors import ShardingError
 from ..placement import Partial, Placement, Shard
 from ..registry.models import RuleParams
 from . import register_rule
 from ._util import LINEAR_OPS, R, broadcast_shapes
 
-__all__ = ["PointwiseOp", "PointwiseParams"]
+__all__ = ["PointwiseOp", "PointwiseParams", "WhereOp"]
 
 _PSUM = Partial("sum")
 
@@ -110,3 +114,26 @@ class PointwiseOp(DistributedOp):
             {**(layout.overrides or {}), **overrides} if overrides else layout.overrides
         )
         return layout
+
+
+# ---------------------------------------------------------------------- where
+@register_rule("where")
+class WhereOp(PointwiseOp):
+    """``torch.where(condition, input, other)``: elementwise with broadcasting, as the
+    pointwise rule (a Partial value is reduced first). ``torch.where(condition)`` alone is
+    ``nonzero(as_tuple=True)``, whose result size depends on the values: it raises.
+
+    Raises:
+        ShardingError: the one-argument form.
+    """
+
+    signature = ("condition", "input", "other")
+
+    def infer_layout(self, call: OpCall) -> Layout:
+        if call.get("input") is None and call.get("other") is None:
+            raise ShardingError(
+                f"{call.describe()}: torch.where(condition) returns the indices of the True "
+                f"elements, whose number depends on the values, which a sharding decision cannot "
+                f"know; use torch.where(condition, x, y), or condition.full_tensor().nonzero()"
+            )
+        return super().infer_layout(call)

@@ -343,7 +343,7 @@ class ReductionOp(DistributedOp):
         try:
             dims = reduced_dims(dims_value, ndim, p.empty_dims, what=call.platform_name)
         except (IndexError, TypeError, ShardingError) as e:
-            raise type(e)(f"{call.describe()}: {e}") from None
+            raise type(e)(f"{call.describe()}: {e}") from e
         return ReduceForm(dims, keepdim, indices=indices)
 
     def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:

@@ -73,7 +73,7 @@ class SoftmaxOp(DistributedOp):
         try:
             return softmax_dim(dim, call.specs[0].ndim)
         except (IndexError, TypeError) as e:
-            raise type(e)(f"{call.describe()}: {call.platform_name}: {e}") from None
+            raise type(e)(f"{call.describe()}: {call.platform_name}: {e}") from e
 
     def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
         dim = self._dim(call)

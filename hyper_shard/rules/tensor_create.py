@@ -34,7 +34,7 @@ from ..redistribute.planner import cost_model_for
 from ..registry.models import RuleParams
 from . import register_rule
 from ._util import R, broadcast_shapes
-from .tensor_ops import keep_strategies
+from .planned import keep_strategies
 
 __all__ = ["FillOp", "CopyOp", "IdentityOp", "TypeAsOp", "scalar_off_coordinate0"]
 

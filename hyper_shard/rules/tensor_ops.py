@@ -16,257 +16,33 @@ How a layout is decided:
   by the shard's global row/column offsets (``diagonal + row_offset - col_offset``), a
   rank-local argument (:attr:`~hyper_shard.dispatch.op.Layout.overrides`).
 
-:class:`PlannedOp` is the small base the indexing and embedding families share too: a rule
-returns an :class:`OpPlan` (output shapes + single-dim strategies + an optional rank-local
-step) and the base searches the cheapest inputs.
-
-``rule: where`` is ``torch.where(condition, input, other)`` (the pointwise rule) that
-refuses the one-argument form, whose result shape depends on the values.
+Each ``kind`` is one planner method registered in the family's kind table (its canonical
+signature and static arguments next to it); the base, :class:`~.planned.PlannedOp`,
+searches the cheapest input placements for the plan.
 """
 
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from ..dispatch.op import Binder, DistributedOp, Layout, OpCall
-from ..dispatch.search import SingleDimStrategy, search_strategy
+from ..dispatch.op import Layout, OpCall
+from ..dispatch.views import ViewOf
 from ..errors import ShardingError
-from ..placement import Partial, Placement, Shard
-from ..redistribute.planner import cost_model_for
+from ..placement import Shard
 from ..registry.models import RuleParams
 from ..spec import compute_local_shape_and_offset
 from . import register_rule
-from ._util import R, normalize_dim
-from .pointwise import PointwiseOp
+from ._kinds import KindTable
+from ._util import chunk_sizes_torch, normalize_dim, split_sizes
+from .planned import OpPlan, PlannedOp, as_int, dims_arg, keep_strategies, partials_of
 
-__all__ = [
-    "OpPlan",
-    "PlannedOp",
-    "TensorOp",
-    "TensorOpParams",
-    "keep_strategies",
-    "partials_of",
-    "as_int",
-    "split_sizes",
-    "chunk_sizes_torch",
-    "WhereOp",
-]
+__all__ = ["TensorOp", "TensorOpParams", "split_sizes", "chunk_sizes_torch"]
 
 
-# ---------------------------------------------------------------------- shared machinery
-@dataclass
-class OpPlan:
-    """What a planned op does to one call signature.
-
-    Attributes:
-        shapes: global output shapes (one per output tensor).
-        strategies: single-dim strategies ``(outputs, inputs)`` over ``call.specs``.
-        local: optional ``local(layout) -> layout`` adding rank-local overrides or an
-            implementation once the placements are decided.
-        fixed: inputs that may not move (default: ``self`` of an in-place call).
-        accept: optional N-D check (see :func:`~hyper_shard.dispatch.search.search_strategy`).
-    """
-
-    shapes: list[tuple[int, ...]]
-    strategies: list[SingleDimStrategy] = field(default_factory=list)
-    local: Callable[[Layout], Layout] | None = None
-    fixed: tuple[int, ...] | None = None
-    accept: Callable[[tuple, tuple], bool] | None = None
-
-
-class PlannedOp(DistributedOp):
-    """Base of rules that describe a call by an :class:`OpPlan` (see the module docstring).
-
-    Subclasses implement :meth:`plan`; errors a global-shape check raises there
-    (``IndexError``, ``TypeError``, ``ValueError``) are re-raised naming the call.
-    """
-
-    def plan(self, call: OpCall) -> OpPlan:
-        raise NotImplementedError
-
-    def use_signature(self, sig: Sequence[str], static: Sequence[str]) -> None:
-        """Set the canonical signature and static args of a ``kind`` (unless the YAML entry
-        gives its own)."""
-        if self.params.signature is None:
-            self.binder = self.binders["torch"] = Binder(sig)
-            if self.params.mindspore_signature is None:
-                self.binders["mindspore"] = self.binder
-        if self.params.static_args is None:
-            self.static_names = tuple(static)
-
-    def checked_plan(self, call: OpCall) -> OpPlan:
-        try:
-            return self.plan(call)
-        except ShardingError:
-            raise
-        except IndexError as e:
-            raise IndexError(f"{call.describe()}: {e}") from None
-        except TypeError as e:
-            raise TypeError(f"{call.describe()}: {e}") from None
-        except ValueError as e:
-            raise ShardingError(
-                f"{call.describe()}: {e} (sizes, dims and indices are GLOBAL, as for the full "
-                f"tensor)"
-            ) from None
-
-    def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
-        return list(self.checked_plan(call).shapes)
-
-    def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
-        return self.checked_plan(call).strategies
-
-    def infer_layout(self, call: OpCall) -> Layout:
-        plan = self.checked_plan(call)
-        fixed = plan.fixed if plan.fixed is not None else ((0,) if call.inplace else ())
-        try:
-            res = search_strategy(
-                call.specs,
-                plan.strategies,
-                len(plan.shapes),
-                cost_model_for(call.mesh),
-                fixed=fixed,
-                accept=plan.accept,
-            )
-        except ValueError:
-            raise ShardingError(
-                f"{call.describe()}: no sharding of the inputs fits {call.platform_name} while "
-                f"keeping the in-place target's placements; redistribute it first (e.g. to "
-                f"Replicate()), or use the out-of-place op"
-            ) from None
-        layout = Layout(list(res.inputs), list(res.outputs), list(plan.shapes), cost=res.cost)
-        return plan.local(layout) if plan.local is not None else layout
-
-
-def partials_of(specs: Sequence[Any]) -> list[Partial]:
-    """The distinct Partial placements the given specs carry, in order of appearance."""
-    return list(dict.fromkeys(p for s in specs for p in s.placements if type(p) is Partial))
-
-
-def keep_strategies(
-    dim_maps: Sequence[dict[int, int] | None],
-    n_out: int,
-    partials: Sequence[Partial] = (),
-    partial_inputs: Sequence[bool] | None = None,
-) -> list[SingleDimStrategy]:
-    """Strategies of an op whose inputs keep their shards on mapped dims.
-
-    Args:
-        dim_maps: per input, ``{input dim: output dim}`` for the dims that may stay sharded
-            (None: that input must be Replicate whenever the output is sharded).
-        n_out: number of outputs (all placed alike).
-        partials: Partial placements that pass through.
-        partial_inputs: per input, whether it is Partial in a Partial strategy (the others
-            are Replicate); default every input.
-    """
-    outs: dict[int, list[Placement]] = {}
-    n_in = len(dim_maps)
-    for i, m in enumerate(dim_maps):
-        for d, o in (m or {}).items():
-            outs.setdefault(o, [R] * n_in)[i] = Shard(d)
-    strategies: list[SingleDimStrategy] = [
-        ((Shard(o),) * n_out, tuple(ins)) for o, ins in sorted(outs.items())
-    ]
-    flags = partial_inputs if partial_inputs is not None else [True] * n_in
-    for p in partials:
-        strategies.append(((p,) * n_out, tuple(p if f else R for f in flags)))
-    return strategies
-
-
-def as_int(v: Any, what: str) -> int:
-    """``v`` as a python int (ints, 0-d integer tensors, numpy ints).
-
-    Raises:
-        TypeError: not an integer.
-    """
-    if isinstance(v, bool):
-        raise TypeError(f"{what} must be an int, got {v!r}")
-    try:
-        return operator.index(v)
-    except TypeError:
-        raise TypeError(f"{what} must be an int, got {type(v).__name__} {v!r}") from None
-
-
-def split_sizes(extent: int, split: Any) -> list[int]:
-    """Piece sizes of ``torch.split(x, split, dim)`` along a dim of ``extent`` elements.
-
-    Raises:
-        ValueError: sections that do not add up to ``extent``, or a non-positive size.
-    """
-    if isinstance(split, (list, tuple)):
-        sizes = [as_int(s, "split size") for s in split]
-        if sum(sizes) != extent or any(s < 0 for s in sizes):
-            raise ValueError(
-                f"split_with_sizes expects split_sizes to sum exactly to {extent}, got {sizes}"
-            )
-        return sizes
-    s = as_int(split, "split_size")
-    if s <= 0 and extent > 0:
-        raise ValueError(f"split expects split_size to be positive, got {s}")
-    if extent == 0:
-        return [0]
-    return [min(s, extent - i) for i in range(0, extent, s)]
-
-
-def chunk_sizes_torch(extent: int, chunks: int) -> list[int]:
-    """Piece sizes of ``torch.chunk(x, chunks, dim)`` (may be fewer than ``chunks``)."""
-    if chunks <= 0:
-        raise ValueError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
-    if extent == 0:
-        return [0] * chunks
-    c = -(-extent // chunks)
-    return [min(c, extent - i) for i in range(0, extent, c)]
-
-
-def _dims_arg(v: Any, ndim: int, what: str) -> list[int]:
-    vals = v if isinstance(v, (list, tuple)) else [v]
-    out = [normalize_dim(as_int(d, what), ndim, what) for d in vals]
-    if len(set(out)) != len(out):
-        raise ValueError(f"{what}: dim appears multiple times in the list of dims {list(vals)}")
-    return out
-
-
-# ---------------------------------------------------------------------- the tensor_op rule
-TensorOpKind = Literal[
-    "cat", "stack", "split", "chunk", "unbind", "narrow", "select", "flip", "repeat", "triu",
-    "tril", "scan", "sort", "topk", "roll", "pad", "diagonal", "repeat_interleave", "glu",
-    "tile", "kthvalue",
-]  # fmt: skip
-
-_SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "cat": (("tensors", "dim"), ("dim", "axis")),
-    "stack": (("tensors", "dim"), ("dim", "axis")),
-    "split": (
-        ("input", "split_size", "dim"),
-        ("split_size", "split_size_or_sections", "split_sizes", "dim"),
-    ),
-    "chunk": (("input", "chunks", "dim"), ("chunks", "dim")),
-    "unbind": (("input", "dim"), ("dim",)),
-    "narrow": (("input", "dim", "start", "length"), ("dim", "start", "length")),
-    "select": (("input", "dim", "index"), ("dim", "index")),
-    "flip": (("input", "*dims"), ("dims",)),
-    "repeat": (("input", "*repeats"), ("repeats",)),
-    "tile": (("input", "*dims"), ("dims",)),
-    "triu": (("input", "diagonal"), ("diagonal",)),
-    "tril": (("input", "diagonal"), ("diagonal",)),
-    "scan": (("input", "dim"), ("dim",)),
-    "sort": (("input", "dim", "descending"), ("dim",)),
-    "topk": (("input", "k", "dim", "largest", "sorted"), ("k", "dim")),
-    "roll": (("input", "shifts", "dims"), ("shifts", "dims")),
-    "pad": (("input", "pad", "mode", "value"), ("pad", "mode", "value")),
-    "diagonal": (("input", "offset", "dim1", "dim2"), ("offset", "dim1", "dim2")),
-    "repeat_interleave": (
-        ("input", "repeats", "dim", "output_size"),
-        ("repeats", "dim", "output_size"),
-    ),
-    "glu": (("input", "dim"), ("dim",)),
-    "kthvalue": (("input", "k", "dim", "keepdim"), ("k", "dim", "keepdim")),
-}
+_KINDS = KindTable("tensor_op")
 
 
 class TensorOpParams(RuleParams):
@@ -274,9 +50,14 @@ class TensorOpParams(RuleParams):
     tensors the op returns (``sort``: values and indices; ``argsort``: 1). ``linear``: a
     ``scan`` that is linear in its input (``cumsum``), so ``Partial(sum)`` passes through."""
 
-    kind: TensorOpKind
+    kind: str
     outputs: int = Field(default=1, ge=1)
     linear: bool = False
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        return _KINDS.validate(v)
 
 
 @register_rule("tensor_op")
@@ -295,10 +76,11 @@ class TensorOp(PlannedOp):
 
     def __init__(self, name: str, params: Any = None) -> None:
         super().__init__(name, params)
-        self.use_signature(*_SIGNATURES[self.params.kind])
+        k = _KINDS[self.params.kind]
+        self.use_signature(k.signature, k.static)
 
     def plan(self, call: OpCall) -> OpPlan:
-        return getattr(self, f"_plan_{self.params.kind}")(call, call.static)
+        return _KINDS[self.params.kind].plan(self, call, call.static)
 
     # -- join ---------------------------------------------------------------------
     def _no_plain_members(self, call: OpCall) -> None:
@@ -312,6 +94,7 @@ class TensorOp(PlannedOp):
                 f"inside `with hyper_shard.experimental.implicit_replication():`"
             )
 
+    @_KINDS.kind("cat", ("tensors", "dim"), ("dim", "axis"))
     def _plan_cat(self, call: OpCall, st: dict) -> OpPlan:
         self._no_plain_members(call)
         specs = call.specs
@@ -338,6 +121,7 @@ class TensorOp(PlannedOp):
         maps = [keep if r else None for r in real]
         return OpPlan([tuple(shape)], keep_strategies(maps, 1, partials_of(main), real))
 
+    @_KINDS.kind("stack", ("tensors", "dim"), ("dim", "axis"))
     def _plan_stack(self, call: OpCall, st: dict) -> OpPlan:
         self._no_plain_members(call)
         specs = call.specs
@@ -370,8 +154,23 @@ class TensorOp(PlannedOp):
                 s[dim] = n
             shapes.append(tuple(s))
         keep = {d: d - (drop and d > dim) for d in range(spec.ndim) if d != dim}
-        return OpPlan(shapes, keep_strategies([keep], len(sizes), partials_of([spec])))
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        lead = (slice(None),) * dim
 
+        def index(i: int) -> tuple:  # piece i of the input, as a basic index
+            return (*lead, starts[i]) if drop else (*lead, slice(starts[i], starts[i] + sizes[i]))
+
+        return OpPlan(
+            shapes,
+            keep_strategies([keep], len(sizes), partials_of([spec])),
+            view=ViewOf(index),
+        )
+
+    @_KINDS.kind(
+        "split",
+        ("input", "split_size", "dim"),
+        ("split_size", "split_size_or_sections", "split_sizes", "dim"),
+    )
     def _plan_split(self, call: OpCall, st: dict) -> OpPlan:
         spec = self._one(call)
         split = _pick(st, "split_size", "split_size_or_sections", None)
@@ -382,18 +181,21 @@ class TensorOp(PlannedOp):
         dim = normalize_dim(as_int(_pick(st, "dim", None, 0), "dim"), spec.ndim, "dim")
         return self._split_plan(spec, dim, split_sizes(spec.shape[dim], split))
 
+    @_KINDS.kind("chunk", ("input", "chunks", "dim"), ("chunks", "dim"))
     def _plan_chunk(self, call: OpCall, st: dict) -> OpPlan:
         spec = self._one(call)
         chunks = as_int(st.get("chunks"), "chunks")
         dim = normalize_dim(as_int(_pick(st, "dim", None, 0), "dim"), spec.ndim, "dim")
         return self._split_plan(spec, dim, chunk_sizes_torch(spec.shape[dim], chunks))
 
+    @_KINDS.kind("unbind", ("input", "dim"), ("dim",))
     def _plan_unbind(self, call: OpCall, st: dict) -> OpPlan:
         spec = self._one(call)
         dim = normalize_dim(as_int(_pick(st, "dim", None, 0), "dim"), spec.ndim, "dim")
         return self._split_plan(spec, dim, [1] * spec.shape[dim], drop=True)
 
     # -- slices -------------------------------------------------------------------
+    @_KINDS.kind("narrow", ("input", "dim", "start", "length"), ("dim", "start", "length"))
     def _plan_narrow(self, call: OpCall, st: dict) -> OpPlan:
         spec = call.specs[0]
         # start may be a 0-d DTensor (torch.narrow takes a 0-d tensor start): it is
@@ -419,8 +221,14 @@ class TensorOp(PlannedOp):
         keep = {d: d for d in range(spec.ndim) if d != dim}
         maps: list[dict[int, int] | None] = [keep] + [None] * len(extra)
         flags = [True] + [False] * len(extra)
-        return OpPlan([tuple(shape)], keep_strategies(maps, 1, partials_of([spec]), flags))
+        piece = (*(slice(None),) * dim, slice(lo, lo + length))
+        return OpPlan(
+            [tuple(shape)],
+            keep_strategies(maps, 1, partials_of([spec]), flags),
+            view=ViewOf(None if extra else lambda i: piece),
+        )
 
+    @_KINDS.kind("select", ("input", "dim", "index"), ("dim", "index"))
     def _plan_select(self, call: OpCall, st: dict) -> OpPlan:
         spec = self._one(call)
         if spec.ndim == 0:
@@ -433,17 +241,22 @@ class TensorOp(PlannedOp):
             )
         shape = spec.shape[:dim] + spec.shape[dim + 1 :]
         keep = {d: d - (d > dim) for d in range(spec.ndim) if d != dim}
-        return OpPlan([shape], keep_strategies([keep], 1, partials_of([spec])))
+        at = (*(slice(None),) * dim, i)
+        return OpPlan(
+            [shape], keep_strategies([keep], 1, partials_of([spec])), view=ViewOf(lambda _: at)
+        )
 
+    @_KINDS.kind("flip", ("input", "*dims"), ("dims",))
     def _plan_flip(self, call: OpCall, st: dict) -> OpPlan:
         spec = self._one(call)
         dims = st.get("dims")
         if dims is None:
             raise TypeError("flip needs dims")
-        flipped = set(_dims_arg(dims, spec.ndim, "flip"))
+        flipped = set(dims_arg(dims, spec.ndim, "flip"))
         keep = {d: d for d in range(spec.ndim) if d not in flipped}
         return OpPlan([spec.shape], keep_strategies([keep], 1, partials_of([spec])))
 
+    @_KINDS.kind("tile", ("input", "*dims"), ("dims",))
     def _plan_tile(self, call: OpCall, st: dict) -> OpPlan:
         # torch.tile: Tensor.repeat with the reps left-padded by ones to the tensor's rank
         spec = self._one(call)
@@ -452,6 +265,7 @@ class TensorOp(PlannedOp):
         reps = [1] * (spec.ndim - len(reps)) + reps
         return self._plan_repeat(call, {"repeats": reps})
 
+    @_KINDS.kind("repeat", ("input", "*repeats"), ("repeats",))
     def _plan_repeat(self, call: OpCall, st: dict) -> OpPlan:
         spec = self._one(call)
         raw = st.get("repeats")
@@ -476,6 +290,7 @@ class TensorOp(PlannedOp):
         n = self.params.outputs
         return OpPlan([shape] * n, keep_strategies([keep], n, partials))
 
+    @_KINDS.kind("scan", ("input", "dim"), ("dim",))
     def _plan_scan(self, call: OpCall, st: dict) -> OpPlan:
         # cumsum/cumprod/cummax/cummin/logcumsumexp: the scanned dim is gathered; only a
         # linear scan (cumsum) lets Partial(sum) through
@@ -486,12 +301,14 @@ class TensorOp(PlannedOp):
         sums = [p for p in partials_of([spec]) if p.reduce_op == "sum"]
         return self._along(spec, {dim}, spec.shape, sums if self.params.linear else [])
 
+    @_KINDS.kind("sort", ("input", "dim", "descending"), ("dim",))
     def _plan_sort(self, call: OpCall, st: dict) -> OpPlan:
         # sort/argsort/msort: the sorted dim is gathered; never Partial (not linear)
         spec = self._one(call)
         dim = normalize_dim(as_int(_pick(st, "dim", None, -1), "dim"), max(spec.ndim, 1), "dim")
         return self._along(spec, {dim} if spec.ndim else set(), spec.shape, [])
 
+    @_KINDS.kind("topk", ("input", "k", "dim", "largest", "sorted"), ("k", "dim"))
     def _plan_topk(self, call: OpCall, st: dict) -> OpPlan:
         spec = self._one(call)
         k = as_int(st.get("k"), "k")
@@ -504,6 +321,7 @@ class TensorOp(PlannedOp):
             shape[dim] = k
         return self._along(spec, {dim} if spec.ndim else set(), tuple(shape), [])
 
+    @_KINDS.kind("kthvalue", ("input", "k", "dim", "keepdim"), ("k", "dim", "keepdim"))
     def _plan_kthvalue(self, call: OpCall, st: dict) -> OpPlan:
         # torch.kthvalue / torch.median(x, dim) / torch.mode(x, dim): (values, indices)
         # along one dim, which is gathered; other dims keep their shards
@@ -525,6 +343,7 @@ class TensorOp(PlannedOp):
         keep = {d: (d if keepdim or d < dim else d - 1) for d in range(spec.ndim) if d != dim}
         return OpPlan([tuple(shape)] * 2, keep_strategies([keep], 2, []))
 
+    @_KINDS.kind("roll", ("input", "shifts", "dims"), ("shifts", "dims"))
     def _plan_roll(self, call: OpCall, st: dict) -> OpPlan:
         # rolled dims are gathered; dims=None rolls the flattened tensor: every dim is
         # gathered. Elements only move, so every Partial passes through.
@@ -536,7 +355,7 @@ class TensorOp(PlannedOp):
             touched = set(range(spec.ndim))
         else:
             n_sh = len(shifts) if isinstance(shifts, (list, tuple)) else 1
-            dl = _dims_arg(dims, spec.ndim, "roll") if spec.ndim else []
+            dl = dims_arg(dims, spec.ndim, "roll") if spec.ndim else []
             if n_sh != len(dl):
                 raise ValueError(
                     f"roll: shifts and dimensions must align. shifts: {n_sh}, dims: {len(dl)}"
@@ -544,6 +363,7 @@ class TensorOp(PlannedOp):
             touched = set(dl)
         return self._along(spec, touched, spec.shape, partials_of([spec]))
 
+    @_KINDS.kind("pad", ("input", "pad", "mode", "value"), ("pad", "mode", "value"))
     def _plan_pad(self, call: OpCall, st: dict) -> OpPlan:
         # torch.nn.functional.pad: padded dims are gathered (their extent changes); the
         # others keep their shards. Padding only moves, copies or adds elements: a Partial
@@ -576,6 +396,7 @@ class TensorOp(PlannedOp):
             touched |= set(range(max(0, spec.ndim - len(pad) // 2 - 1), spec.ndim))
         return self._along(spec, touched, tuple(shape), parts)
 
+    @_KINDS.kind("diagonal", ("input", "offset", "dim1", "dim2"), ("offset", "dim1", "dim2"))
     def _plan_diagonal(self, call: OpCall, st: dict) -> OpPlan:
         # torch.diagonal: the two dims become one trailing dim (gathered); other dims keep
         # their shards, moved to their output positions; elements are only selected
@@ -592,8 +413,13 @@ class TensorOp(PlannedOp):
         rest = [d for d in range(spec.ndim) if d not in (d1, d2)]
         shape = tuple(spec.shape[d] for d in rest) + (n,)
         keep = {d: i for i, d in enumerate(rest)}
-        return OpPlan([shape], keep_strategies([keep], 1, partials_of([spec])))
+        return OpPlan([shape], keep_strategies([keep], 1, partials_of([spec])), view=ViewOf())
 
+    @_KINDS.kind(
+        "repeat_interleave",
+        ("input", "repeats", "dim", "output_size"),
+        ("repeats", "dim", "output_size"),
+    )
     def _plan_repeat_interleave(self, call: OpCall, st: dict) -> OpPlan:
         # an int `repeats` along `dim`: that dim is gathered, the others keep their shards;
         # dim=None repeats the flattened tensor (every dim gathered)
@@ -622,6 +448,7 @@ class TensorOp(PlannedOp):
             shp[d] *= reps
         return self._along(spec, {d} if spec.ndim else set(), tuple(shp), partials_of([spec]))
 
+    @_KINDS.kind("glu", ("input", "dim"), ("dim",))
     def _plan_glu(self, call: OpCall, st: dict) -> OpPlan:
         # torch.nn.functional.glu: the halved dim is gathered; not linear (no Partial)
         spec = self._one(call)
@@ -637,6 +464,8 @@ class TensorOp(PlannedOp):
         return self._along(spec, {d}, tuple(shape), [])
 
     # -- triangles ----------------------------------------------------------------
+    @_KINDS.kind("tril", ("input", "diagonal"), ("diagonal",))
+    @_KINDS.kind("triu", ("input", "diagonal"), ("diagonal",))
     def _plan_triu(self, call: OpCall, st: dict) -> OpPlan:
         spec = self._one(call)
         if spec.ndim < 2:
@@ -661,34 +490,9 @@ class TensorOp(PlannedOp):
 
         return OpPlan([spec.shape], strategies, local=local)
 
-    _plan_tril = _plan_triu
-
 
 def _pick(st: dict, name: str, alias: str | None, default: Any) -> Any:
     v = st.get(name)
     if v is None and alias is not None:
         v = st.get(alias)
     return default if v is None else v
-
-
-# ---------------------------------------------------------------------- where
-@register_rule("where")
-class WhereOp(PointwiseOp):
-    """``torch.where(condition, input, other)``: elementwise with broadcasting, as the
-    pointwise rule (a Partial value is reduced first). ``torch.where(condition)`` alone is
-    ``nonzero(as_tuple=True)``, whose result size depends on the values: it raises.
-
-    Raises:
-        ShardingError: the one-argument form.
-    """
-
-    signature = ("condition", "input", "other")
-
-    def infer_layout(self, call: OpCall) -> Layout:
-        if call.get("input") is None and call.get("other") is None:
-            raise ShardingError(
-                f"{call.describe()}: torch.where(condition) returns the indices of the True "
-                f"elements, whose number depends on the values, which a sharding decision cannot "
-                f"know; use torch.where(condition, x, y), or condition.full_tensor().nonzero()"
-            )
-        return super().infer_layout(call)

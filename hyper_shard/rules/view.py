@@ -40,16 +40,20 @@ import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
+
+from pydantic import field_validator
 
 from ..dispatch.op import Binder, DistributedOp, Layout, OpCall
 from ..dispatch.search import SingleDimStrategy, search_strategy
+from ..dispatch.views import ViewOf
 from ..errors import ShardingError
 from ..placement import Partial, Placement, Shard
 from ..redistribute.planner import cost_model_for
 from ..registry.models import RuleParams
 from ..spec import compute_local_shape_and_offset
 from . import register_rule
+from ._kinds import KindTable
 from ._view_dims import (
     DimMap,
     check_perm,
@@ -73,33 +77,13 @@ from ._view_dims import (
 
 __all__ = ["ViewOp", "ViewParams", "ViewPlan", "layout_is_exact"]
 
-ViewKind = Literal[
-    "view", "reshape", "view_as", "reshape_as", "flatten", "unflatten", "transpose",
-    "swapaxes", "t", "T", "mT", "permute", "movedim", "squeeze", "unsqueeze", "expand",
-    "expand_as", "contiguous",
-]  # fmt: skip
+#: every kind but contiguous returns a view of its input (as torch.Tensor's methods); a
+#: copied view is written back by replaying the op on the base (dispatch/views.py)
+_VIEW = ViewOf()
+
 
 #: kind -> (canonical signature, static args), torch's argument names
-_SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "view": (("input", "*size"), ("size", "dtype")),
-    "reshape": (("input", "*shape"), ("shape",)),
-    "view_as": (("input", "other"), ()),
-    "reshape_as": (("input", "other"), ()),
-    "flatten": (("input", "start_dim", "end_dim"), ("start_dim", "end_dim")),
-    "unflatten": (("input", "dim", "sizes"), ("dim", "sizes")),
-    "transpose": (("input", "dim0", "dim1"), ("dim0", "dim1")),
-    "swapaxes": (("input", "axis0", "axis1"), ("axis0", "axis1")),
-    "t": (("input",), ()),
-    "T": (("input",), ()),
-    "mT": (("input",), ()),
-    "permute": (("input", "*dims"), ("dims",)),
-    "movedim": (("input", "source", "destination"), ("source", "destination")),
-    "squeeze": (("input", "dim"), ("dim",)),
-    "unsqueeze": (("input", "dim"), ("dim",)),
-    "expand": (("input", "*size"), ("size",)),
-    "expand_as": (("input", "other"), ()),
-    "contiguous": (("input", "memory_format"), ()),
-}
+_KINDS = KindTable("view")
 
 #: local shape of the output at this rank -> (argument overrides, replacement implementation)
 LocalArgs = Callable[[tuple[int, ...]], tuple[dict[str, Any] | None, Callable | None]]
@@ -108,7 +92,12 @@ LocalArgs = Callable[[tuple[int, ...]], tuple[dict[str, Any] | None, Callable | 
 class ViewParams(RuleParams):
     """``kind``: which view op the entry is (see the module docstring)."""
 
-    kind: ViewKind
+    kind: str
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        return _KINDS.validate(v)
 
 
 @dataclass
@@ -177,13 +166,13 @@ class ViewOp(DistributedOp):
 
     def __init__(self, name: str, params: Any = None) -> None:
         super().__init__(name, params)
-        sig, static = _SIGNATURES[self.params.kind]
+        k = _KINDS[self.params.kind]
         if self.params.signature is None:
-            self.binder = self.binders["torch"] = Binder(sig)
+            self.binder = self.binders["torch"] = Binder(k.signature)
             if self.params.mindspore_signature is None:
                 self.binders["mindspore"] = self.binder
         if self.params.static_args is None:
-            self.static_names = static
+            self.static_names = k.static
 
     # ------------------------------------------------------------------ phase 2
     def plan(self, call: OpCall) -> ViewPlan:
@@ -194,18 +183,18 @@ class ViewOp(DistributedOp):
         """
         kind = self.params.kind
         try:
-            return getattr(self, f"_plan_{kind}")(call, call.specs[0].shape, call.static)
+            return _KINDS[kind].plan(self, call, call.specs[0].shape, call.static)
         except ShardingError:
             raise
         except IndexError as e:
-            raise IndexError(f"{call.describe()}: {e}") from None
+            raise IndexError(f"{call.describe()}: {e}") from e
         except TypeError as e:
-            raise TypeError(f"{call.describe()}: {e}") from None
+            raise TypeError(f"{call.describe()}: {e}") from e
         except ValueError as e:
             raise ShardingError(
                 f"{call.describe()}: {e}. Sizes and dims are GLOBAL (as torch.Tensor.{kind} on "
                 f"the full tensor of shape {tuple(call.specs[0].shape)}), not the local shard's"
-            ) from None
+            ) from e
 
     def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
         return self._strategies(call, self.plan(call))
@@ -250,6 +239,7 @@ class ViewOp(DistributedOp):
             [res.outputs[0]],
             [out_shape],
             cost=res.cost,
+            view=None if self.params.kind == "contiguous" else _VIEW,
         )
         coord = mesh.get_coordinate()
         if plan.local is not None and coord is not None:
@@ -258,6 +248,7 @@ class ViewOp(DistributedOp):
         return layout
 
     # ------------------------------------------------------------------ kinds
+    @_KINDS.kind("view", ("input", "*size"), ("size", "dtype"))
     def _plan_view(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         raw, dtype = st.get("size"), st.get("dtype")
         if dtype is None and raw is not None and len(_seq(raw)) == 1 and not _is_int(_seq(raw)[0]):
@@ -270,6 +261,7 @@ class ViewOp(DistributedOp):
             return ViewPlan(dmap, keep_partial=False)
         return self._reshape(shape, raw, "size")
 
+    @_KINDS.kind("reshape", ("input", "*shape"), ("shape",))
     def _plan_reshape(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         return self._reshape(shape, st.get("shape"), "shape")
 
@@ -288,6 +280,8 @@ class ViewOp(DistributedOp):
             )
         return call.specs[1].shape
 
+    @_KINDS.kind("reshape_as", ("input", "other"), ())
+    @_KINDS.kind("view_as", ("input", "other"), ())
     def _plan_view_as(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         out = self._other_shape(call)
         if math.prod(out) != math.prod(shape):
@@ -299,12 +293,12 @@ class ViewOp(DistributedOp):
 
         return ViewPlan(reshape_map(shape, out), local=local)
 
-    _plan_reshape_as = _plan_view_as
-
+    @_KINDS.kind("flatten", ("input", "start_dim", "end_dim"), ("start_dim", "end_dim"))
     def _plan_flatten(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         out = flatten_shape(shape, _arg(st, "start_dim", 0), _arg(st, "end_dim", -1))
         return ViewPlan(reshape_map(shape, out))
 
+    @_KINDS.kind("unflatten", ("input", "dim", "sizes"), ("dim", "sizes"))
     def _plan_unflatten(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         if st.get("dim") is None or st.get("sizes") is None:
             raise TypeError("unflatten needs 'dim' and 'sizes'")
@@ -313,16 +307,19 @@ class ViewOp(DistributedOp):
         k = len(out) - len(shape) + 1
         return ViewPlan(reshape_map(shape, out), local=lambda ls: ({"sizes": ls[d : d + k]}, None))
 
+    @_KINDS.kind("transpose", ("input", "dim0", "dim1"), ("dim0", "dim1"))
     def _plan_transpose(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         if st.get("dim0") is None or st.get("dim1") is None:
             raise TypeError("transpose needs 'dim0' and 'dim1'")
         return ViewPlan(permute_map(shape, transpose_perm(len(shape), st["dim0"], st["dim1"])))
 
+    @_KINDS.kind("swapaxes", ("input", "axis0", "axis1"), ("axis0", "axis1"))
     def _plan_swapaxes(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         if st.get("axis0") is None or st.get("axis1") is None:
             raise TypeError("swapaxes needs 'axis0' and 'axis1'")
         return ViewPlan(permute_map(shape, transpose_perm(len(shape), st["axis0"], st["axis1"])))
 
+    @_KINDS.kind("t", ("input",), ())
     def _plan_t(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         if len(shape) > 2:
             raise ValueError(
@@ -330,9 +327,11 @@ class ViewOp(DistributedOp):
             )
         return ViewPlan(permute_map(shape, tuple(reversed(range(len(shape))))))
 
+    @_KINDS.kind("T", ("input",), ())
     def _plan_T(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         return ViewPlan(permute_map(shape, tuple(reversed(range(len(shape))))))
 
+    @_KINDS.kind("mT", ("input",), ())
     def _plan_mT(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         n = len(shape)
         if n < 2:
@@ -341,11 +340,13 @@ class ViewOp(DistributedOp):
             )
         return ViewPlan(permute_map(shape, transpose_perm(n, -2, -1)))
 
+    @_KINDS.kind("permute", ("input", "*dims"), ("dims",))
     def _plan_permute(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         if st.get("dims") is None:
             raise TypeError("permute needs 'dims'")
         return ViewPlan(permute_map(shape, check_perm(_seq(st["dims"]), len(shape))))
 
+    @_KINDS.kind("movedim", ("input", "source", "destination"), ("source", "destination"))
     def _plan_movedim(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         if st.get("source") is None or st.get("destination") is None:
             raise TypeError("movedim needs 'source' and 'destination'")
@@ -353,21 +354,25 @@ class ViewOp(DistributedOp):
             permute_map(shape, movedim_perm(len(shape), st["source"], st["destination"]))
         )
 
+    @_KINDS.kind("squeeze", ("input", "dim"), ("dim",))
     def _plan_squeeze(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         dims = squeeze_dims(shape, st.get("dim"))
         return ViewPlan(squeeze_map(shape, dims), local=lambda ls: ({"dim": dims}, None))
 
+    @_KINDS.kind("unsqueeze", ("input", "dim"), ("dim",))
     def _plan_unsqueeze(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         if st.get("dim") is None:
             raise TypeError("unsqueeze needs 'dim'")
         return ViewPlan(unsqueeze_map(shape, unsqueeze_dim(len(shape), st["dim"])))
 
+    @_KINDS.kind("expand", ("input", "*size"), ("size",))
     def _plan_expand(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         if st.get("size") is None:
             raise TypeError("expand needs 'size'")
         out = expand_shape(shape, _seq(st["size"]))
         return ViewPlan(expand_map(shape, out), local=lambda ls: ({"size": ls}, None))
 
+    @_KINDS.kind("expand_as", ("input", "other"), ())
     def _plan_expand_as(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         out = expand_shape(shape, self._other_shape(call))
 
@@ -376,5 +381,6 @@ class ViewOp(DistributedOp):
 
         return ViewPlan(expand_map(shape, out), local=local)
 
+    @_KINDS.kind("contiguous", ("input", "memory_format"), ())
     def _plan_contiguous(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         return ViewPlan(permute_map(shape, range(len(shape))))

@@ -328,21 +328,3 @@ def is_uneven(
 
 def fmt_combo(combo: Sequence[Sequence[Placement]]) -> str:
     return "; ".join(",".join(str(p) for p in pl) for pl in combo)
-
-
-def tolerances(op: Any, dtype: torch.dtype) -> tuple[float, float] | None:
-    """The OpInfo's own float tolerance override for ``dtype`` (largest atol and rtol over
-    its ``toleranceOverride`` decorators on CPU), or None when it gives none."""
-    atol = rtol = 0.0
-    found = False
-    for info in getattr(op, "decorators", ()) or ():
-        if getattr(info, "device_type", None) not in (None, "cpu"):
-            continue
-        if not getattr(info, "active_if", True):
-            continue
-        for dec in getattr(info, "decorators", ()):
-            d = getattr(dec, "d", None)
-            if isinstance(d, dict) and dtype in d:
-                atol, rtol = max(atol, d[dtype].atol), max(rtol, d[dtype].rtol)
-                found = True
-    return (atol, rtol) if found else None

@@ -4,6 +4,9 @@ and the field and is not chained to a pydantic/YAML traceback; plus the positive
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
+import os
 import sys
 import traceback
 import types
@@ -83,14 +86,20 @@ def _module(py: Path, source: str = OP_MODULE) -> str:
     return name
 
 
-def _check_clean(e: OpSpecError) -> str:
-    """The error is not chained and was raised by hyper_shard itself."""
-    assert e.__cause__ is None
-    assert e.__context__ is None or e.__suppress_context__
+def _check_clean(e: OpSpecError, user_cause: type | None = None) -> str:
+    """The error was raised by hyper_shard itself and is not chained to loader internals
+    (YAML/pydantic noise). ``user_cause``: the error comes from the user's own code (a
+    class constructor that raises), whose exception stays the cause, traceback and all."""
+    if user_cause is None:
+        assert e.__cause__ is None
+        assert e.__context__ is None or e.__suppress_context__
+    else:
+        assert type(e.__cause__) is user_cause, repr(e.__cause__)
     frames = traceback.extract_tb(e.__traceback__)
     assert "hyper_shard" in Path(frames[-1].filename).parts, frames[-1].filename
     text = "".join(traceback.format_exception(e))
-    assert "During handling" not in text and "direct cause" not in text
+    assert "During handling" not in text
+    assert ("direct cause" in text) == (user_cause is not None)
     assert "pydantic" not in text.replace(str(e), "")
     assert "errors.pydantic.dev" not in str(e)  # no pydantic boilerplate in the message
     return str(e)
@@ -105,6 +114,7 @@ class Case:
     via: str = "file"  # file | all | bind | reload
     module: str | None = None  # source of '@MOD@'
     env: dict[str, str] = field(default_factory=dict)
+    user_cause: type | None = None  # the user's exception, kept as the cause
 
 
 def one(yaml: str | bytes, *expect: str, via: str = "file", module: str | None = None) -> dict:
@@ -159,12 +169,12 @@ CASES = [
     # --- classes
     Case("missing_module", **one("a: {class: 'hs_test_no_such_module:Op'}\n", "@FILE@", "entry 'a'", "field 'class'", "'hs_test_no_such_module' not found", "HYPER_PARALLEL_OPS_PYTHON_PATH")),
     Case("module_import_error", **one("a: {class: '@MOD@:Op'}\n", "@FILE@", "entry 'a'", "field 'class'", "importing module", "hs_test_missing_dependency", module="import hs_test_missing_dependency\n")),
-    Case("module_raises", **one("a: {class: '@MOD@:Op'}\n", "@FILE@", "entry 'a'", "field 'class'", "RuntimeError: boom", module="raise RuntimeError('boom')\n")),
-    Case("module_syntax_error", **one("a: {class: '@MOD@:Op'}\n", "@FILE@", "entry 'a'", "field 'class'", "SyntaxError", module="def f(:\n")),
+    Case("module_raises", **one("a: {class: '@MOD@:Op'}\n", "@FILE@", "entry 'a'", "field 'class'", "RuntimeError: boom", module="raise RuntimeError('boom')\n"), user_cause=RuntimeError),
+    Case("module_syntax_error", **one("a: {class: '@MOD@:Op'}\n", "@FILE@", "entry 'a'", "field 'class'", "SyntaxError", module="def f(:\n"), user_cause=SyntaxError),
     Case("missing_class", **one("a: {class: '@MOD@:Opp'}\n", "@FILE@", "entry 'a'", "field 'class'", "has no class 'Opp'", "did you mean 'Op'", module=OP_MODULE)),
     Case("class_not_distributed_op", **one("a: {class: '@MOD@:NotAnOp'}\n", "@FILE@", "entry 'a'", "field 'class'", "not a DistributedOp subclass", module=OP_MODULE)),
     Case("class_is_function", **one("a: {class: '@MOD@:op_function'}\n", "@FILE@", "entry 'a'", "field 'class'", "not a DistributedOp subclass", module=OP_MODULE)),
-    Case("class_constructor_raises", **one("a: {class: '@MOD@:Exploding'}\n", "@FILE@", "entry 'a'", "constructing class", "bad configuration of Exploding", module=OP_MODULE)),
+    Case("class_constructor_raises", **one("a: {class: '@MOD@:Exploding'}\n", "@FILE@", "entry 'a'", "constructing class", "bad configuration of Exploding", module=OP_MODULE), user_cause=ValueError),
     Case("class_unknown_param", **one("a: {class: '@MOD@:Op', foo: 1}\n", "@FILE@", "entry 'a'", "field 'foo'", "unknown parameter", "own parameters: none", module=OP_MODULE)),
     # --- the seed format
     Case("seed_missing_file", **one("Foo: {distributed_op_class: FooOp}\n", "@FILE@", "entry 'Foo'", "needs 'distributed_op_file'")),
@@ -215,7 +225,7 @@ def test_malformed_spec(case: Case, env: Path, monkeypatch) -> None:
         if case.via == "file":
             assert first is not None
             if case.module is not None:
-                L._add_python_path()  # as load_all does first
+                L.add_python_path()  # as load_all does first
             load_file(first)
         elif case.via == "all":
             load_all(extra_dirs=[specs])
@@ -228,7 +238,7 @@ def test_malformed_spec(case: Case, env: Path, monkeypatch) -> None:
             from hyper_shard.platform.torch.dispatch import build_torch_table
 
             build_torch_table(Registry(load_all(extra_dirs=[specs])))
-    msg = _check_clean(info.value)
+    msg = _check_clean(info.value, case.user_cause)
     for frag in case.expect:
         frag = frag.replace("@FILE@", str(first))
         assert frag in msg, f"{frag!r} not in message:\n{msg}"
@@ -249,7 +259,7 @@ def test_entry_point_failure(env: Path, monkeypatch) -> None:
         def load(self):
             raise ModuleNotFoundError("No module named 'hs_test_nowhere'")
 
-    monkeypatch.setattr(L.importlib.metadata, "entry_points", lambda group: [BadEP()])
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [BadEP()])
     with pytest.raises(OpSpecError) as info:
         load_all()
     msg = _check_clean(info.value)
@@ -311,7 +321,7 @@ def test_default_merges(env: Path) -> None:
         "r: {rule: pointwise, partial: linear}\n"
         f"s: {{class: '{mod}:Op'}}\n"
     )
-    L.sys.path.append(str(env / "py"))
+    sys.path.append(str(env / "py"))
     got = {e.name: e for e in load_file(env / "specs" / "ops.yaml")}
     assert got["p"].op.params.equation == "m k, k n -> m n"
     assert got["p"].op.binder.names == ("input", "mat2")  # from __default__
@@ -371,7 +381,7 @@ def test_entry_points_contribute_dirs(env: Path, monkeypatch) -> None:
             return self.obj
 
     eps = [EP("path", str(ep_dir)), EP("package", pkg), EP("callable", lambda: [str(ep_dir)])]
-    monkeypatch.setattr(L.importlib.metadata, "entry_points", lambda group: eps)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: eps)
     names = {e.name for e in load_all()}
     assert {"from_dir", "from_pkg", "add", "mm"} <= names
     eps.append(EP("bad", types.SimpleNamespace()))  # neither a path nor a package
@@ -385,7 +395,7 @@ def test_env_dirs_add_to_builtins(env: Path, monkeypatch) -> None:
     other.mkdir()
     (env / "specs" / "a.yaml").write_text("a_op: {rule: pointwise}\n")
     (other / "b.yml").write_text("b_op: {rule: pointwise}\n")
-    monkeypatch.setenv(L.YAML_ENV, f"{env / 'specs'}{L.os.pathsep}{other}")
+    monkeypatch.setenv(L.YAML_ENV, f"{env / 'specs'}{os.pathsep}{other}")
     names = [e.name for e in load_all()]
     assert names == ["add", "mm", "a_op", "b_op"]
 

@@ -23,13 +23,14 @@ from typing import Any
 from mindspore import Parameter, Tensor, ops
 from mindspore._c_expression import NoFallbackGuard
 
-from ...dispatch.dispatcher import _CACHE, _STATS, Dispatcher
+from ...dispatch.dispatcher import Dispatcher
 from ...dispatch.op import BoundOp, Decision, fmt_placements
 from ...errors import HyperShardError, OpSpecError
 from ...registry.registry import PLATFORM_BINDERS, RELOAD_HOOKS, Registry, get_registry
 
 __all__ = [
     "ms_dispatch",
+    "DISPATCHER",
     "build_ms_table",
     "getitem_call",
     "setitem_call",
@@ -145,22 +146,27 @@ def build_ms_table(reg: Registry) -> dict[str, BoundOp]:
     return table
 
 
-_TABLE: dict[str, BoundOp] = {}  # Primitive name -> BoundOp; emptied on registry reload
-_TABLE_OF: Registry | None = None
+_TABLE: dict[str, BoundOp] = {}  # Primitive name -> BoundOp; one dict, refilled on reload
+_TABLE_OF: list[Registry | None] = [None]
 
 
 def _lookup(func: Any) -> BoundOp | None:
-    global _TABLE, _TABLE_OF
     reg = get_registry()
-    if _TABLE_OF is not reg:
-        _TABLE = reg.binding("mindspore", build_ms_table)
-        _TABLE_OF = reg
+    if _TABLE_OF[0] is not reg:
+        table = reg.binding("mindspore", build_ms_table)
+        _TABLE.clear()
+        _TABLE.update(table)
+        _TABLE_OF[0] = reg
+    return _TABLE.get(func.name)
+
+
+def _bound_of(func: Any) -> BoundOp | None:
     return _TABLE.get(func.name)
 
 
 def _on_reload(reg: Registry) -> None:
-    global _TABLE, _TABLE_OF
-    _TABLE, _TABLE_OF = {}, None
+    _TABLE.clear()
+    _TABLE_OF[0] = None
 
 
 RELOAD_HOOKS.append(_on_reload)
@@ -236,23 +242,55 @@ def _wrap_outputs(out: Any, dec: Decision) -> Any:
     return out
 
 
-def _make() -> Dispatcher:
+def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
+    """Run ``fn`` on plain local aliases under ``NoFallbackGuard`` and wrap a single tensor
+    result as an alias DTensor. The Primitive itself (no rule ``impl``, not a pseudo
+    Primitive) runs straight; the others through :func:`_run_local`, which watches writes
+    into the first argument."""
+    if dec.impl is None and type(fn) is not _Pseudo:
+        # plain aliases: some "Primitives" are Python-level Tensor methods (Narrow is
+        # deprecated_tensor_narrow) that would read a DTensor's global shape
+        plain = [_plain(a) for a in args]
+        with NoFallbackGuard():
+            out = fn(*plain, **{k: _plain(v) for k, v in kwargs.items()}) if kwargs else fn(*plain)
+    else:
+        out = _run_local(fn, args, kwargs)
+    if type(out) is Tensor:
+        spec = dec.out_specs.get((0, out.dtype))
+        if spec is None:
+            spec = dec.out_spec(0, out.dtype, out.itemsize)
+        o = _alias(_DT, out)
+        o._spec = spec
+        return o
+    return _wrap_outputs(out, dec)
+
+
+def _platform() -> Any:
     from ..select import get_platform
 
-    plat = get_platform("mindspore")
-    return Dispatcher(plat, _lookup, _name_of, _run_local, _wrap_outputs, _is_dtensor)
+    return get_platform("mindspore")
 
 
-_DISPATCHER: Dispatcher | None = None
+#: the MindSpore platform's dispatcher (the one dispatch path, with MindSpore's hooks)
+DISPATCHER = Dispatcher(
+    _platform,
+    bound_of=_bound_of,
+    lookup=_lookup,
+    name_of=_name_of,
+    run_local=_run_local,
+    run_wrap=_run_wrap,
+    wrap_outputs=_wrap_outputs,
+    is_dtensor=_is_dtensor,
+)
+_dispatch = DISPATCHER.dispatch
 _KERNEL_ERRORS = ("unregistered", "Create kernelmod", "Unsupported op", "Select CPU operator")
 
 
 def ms_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
-    """Dispatch one Primitive call that has a DTensor argument.
+    """Dispatch one Primitive call that has a DTensor argument (``__fallback__``).
 
-    The hot path (a layout-cache hit that moves nothing and runs the Primitive itself):
-    one table lookup by Primitive name, the cache key, the local call under
-    ``NoFallbackGuard`` on plain aliases of the DTensor arguments, one wrap.
+    A legacy Primitive call ``(prim, "Name", (inputs...))`` is unpacked first; then the one
+    dispatch path (:class:`~hyper_shard.dispatch.dispatcher.Dispatcher`) runs it.
 
     Raises:
         OpNotRegisteredError: no entry binds the Primitive (the message gives the YAML).
@@ -263,43 +301,12 @@ def ms_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         if args[1] == getattr(func, "name", None):  # a legacy Primitive: unpack its inputs
             func, args = _LegacyCall(func, args[0], args[1]), args[2]
     try:
-        bound = _TABLE.get(func.name)
-        if bound is None:
-            return _slow(func, args, kwargs)
-        key, dts = bound.key(args, kwargs)
-        dec = _CACHE.get(key)
-        if dec is None:
-            return _slow(func, args, kwargs)
-        _STATS["hits"] += 1
-        _CACHE.move_to_end(key)
-        if dec.needs_redist or dec.overrides or dec.inplace or dec.impl or type(func) is _Pseudo:
-            return _DISPATCHER.execute(bound, func, args, kwargs, dts, dec)  # type: ignore[union-attr]
-        # plain aliases: some "Primitives" are Python-level Tensor methods (Narrow is
-        # deprecated_tensor_narrow) that would read a DTensor's global shape
-        plain = [_plain(a) for a in args]
-        with NoFallbackGuard():
-            out = (
-                func(*plain, **{k: _plain(v) for k, v in kwargs.items()})
-                if kwargs
-                else func(*plain)
-            )
+        return _dispatch(func, args, kwargs)
     except RuntimeError as e:
-        raise _kernel_error(e, func, args) from None
-    if type(out) is Tensor:
-        spec = dec._specs.get((0, out.dtype))
-        if spec is None:
-            spec = dec.out_spec(0, out.dtype, out.itemsize)
-        o = _alias(_DT, out)
-        o._spec = spec
-        return o
-    return _wrap_outputs(out, dec)
-
-
-def _slow(func: Any, args: tuple, kwargs: dict) -> Any:
-    global _DISPATCHER
-    if _DISPATCHER is None:
-        _DISPATCHER = _make()
-    return _DISPATCHER(func, args, kwargs)
+        err = _kernel_error(e, func, args)
+        if err is e:
+            raise
+        raise err from None  # the kernel's own message is quoted; its C++ trace is noise
 
 
 def _kernel_error(e: RuntimeError, func: Any, args: tuple) -> RuntimeError:
@@ -310,7 +317,7 @@ def _kernel_error(e: RuntimeError, func: Any, args: tuple) -> RuntimeError:
     name = _name_of(func)
     dts = [a for a in args if _is_dtensor(a)]
     hint = MISSING_KERNEL_HINTS.get(name, "see docs/mindspore.md for the CPU alternatives")
-    device = _DISPATCHER.platform.device if _DISPATCHER is not None else "this device"
+    device = DISPATCHER.platform.device
     return HyperShardError(
         f"{name}({', '.join(fmt_placements(d._spec) for d in dts)}): MindSpore has no kernel "
         f"for it on {device} ({msg.splitlines()[0].strip()}); {hint}"

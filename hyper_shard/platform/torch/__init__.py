@@ -56,10 +56,27 @@ class _Custom(torch.autograd.Function):
             return ctx.bwd(g), None, None
 
 
+class _Alias(torch.autograd.Function):
+    """An alias of the input whose backward is a given function. The output is a detached
+    alias (same storage and version counter), not a view made inside a custom Function,
+    so autograd lets it be modified in place (the in-place op is recorded on it)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, bwd: Callable) -> torch.Tensor:  # type: ignore[override]
+        ctx.bwd = bwd
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, None]:  # type: ignore[override]
+        with DisableTorchFunctionSubclass():
+            return ctx.bwd(g), None
+
+
 class TorchPlatform(Platform):
     """hyper_shard on PyTorch: gloo on CPU, NCCL on GPU, HCCL on Ascend (torch_npu)."""
 
     name = "torch"
+    view_semantics = True
 
     def __init__(self) -> None:
         compose = os.environ.get("HYPER_SHARD_COMPOSE", "")
@@ -332,6 +349,22 @@ class TorchPlatform(Platform):
     def custom_autograd(self, fwd: Callable, bwd: Callable, x: Any) -> torch.Tensor:
         with DisableTorchFunctionSubclass():
             return _Custom.apply(x, fwd, bwd)
+
+    def alias_autograd(self, bwd: Callable, x: Any) -> torch.Tensor:
+        with DisableTorchFunctionSubclass():
+            return _Alias.apply(x, bwd)
+
+    def shares_storage(self, a: Any, b: Any) -> bool:
+        with DisableTorchFunctionSubclass():
+            return bool(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
+
+    def copy_plain(self, dst: Any, src: Any) -> None:
+        with DisableTorchFunctionSubclass():
+            dst.copy_(src)
+
+    def clone(self, t: Any) -> torch.Tensor:
+        with DisableTorchFunctionSubclass():
+            return t.clone()
 
     def native_group(self, group: Any) -> Any:
         return group.pg

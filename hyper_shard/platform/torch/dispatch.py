@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from ...dispatch.dispatcher import _CACHE, _STATS, Dispatcher
+from ...dispatch.dispatcher import Dispatcher
 from ...dispatch.op import BoundOp, Decision
 from ...errors import OpSpecError
 from ...registry.registry import RELOAD_HOOKS, Registry, get_registry
@@ -22,11 +22,12 @@ from .dtensor import TorchDTensor as _DT
 from .dtensor import wrap as _wrap
 from .names import resolve_torch_op, torch_op_name
 
-__all__ = ["torch_dispatch", "build_torch_table"]
+__all__ = ["torch_dispatch", "build_torch_table", "DISPATCHER"]
 
 _INPLACE_DUNDERS = {
     "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
     "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__",
+    "__setitem__",
 }  # fmt: skip
 
 
@@ -78,29 +79,33 @@ def build_torch_table(reg: Registry) -> dict[Any, BoundOp]:
     return table
 
 
-_TABLE: dict[Any, BoundOp] = {}  # function -> BoundOp; emptied on registry reload
-_TABLE_OF: Registry | None = None
+_TABLE: dict[Any, BoundOp] = {}  # function -> BoundOp; one dict, refilled on registry reload
+_TABLE_OF: list[Registry | None] = [None]
 
 
 def _lookup(func: Any) -> BoundOp | None:
-    global _TABLE, _TABLE_OF
     reg = get_registry()
-    if _TABLE_OF is not reg:
-        _TABLE = reg.binding("torch", build_torch_table)
-        _TABLE_OF = reg
+    if _TABLE_OF[0] is not reg:
+        table = reg.binding("torch", build_torch_table)
+        _TABLE.clear()
+        _TABLE.update(table)
+        _TABLE_OF[0] = reg
     return _TABLE.get(func)
 
 
 def _on_reload(reg: Registry) -> None:
-    global _TABLE, _TABLE_OF
-    _TABLE, _TABLE_OF = {}, None
+    _TABLE.clear()
+    _TABLE_OF[0] = None
 
 
 RELOAD_HOOKS.append(_on_reload)
 
+_NoTF = DisableTorchFunctionSubclass
+_Tensor = torch.Tensor
+
 
 def _run_local(fn: Any, args: tuple, kwargs: dict) -> Any:
-    with DisableTorchFunctionSubclass():
+    with _NoTF():
         return fn(*args, **kwargs)
 
 
@@ -124,6 +129,23 @@ def _wrap_outputs(out: Any, dec: Decision) -> Any:
                 items.append(x)
         return type(out)(items)
     return out
+
+
+def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
+    """Run ``fn`` with torch functions off (autograd records the local op) and wrap a
+    single tensor result as an alias DTensor (``as_subclass`` keeps the graph)."""
+    with _NoTF():
+        out = fn(*args, **kwargs)
+    if type(out) is _Tensor:
+        spec = dec.out_specs.get((0, out.dtype))
+        if spec is None:
+            if dec.outputs[0] is None:
+                return out  # the rule declares a plain (unsharded) result
+            spec = dec.out_spec(0, out.dtype, out.element_size())
+        o = out.as_subclass(_DT)
+        o._spec = spec
+        return o
+    return _wrap_outputs(out, dec)
 
 
 _DECOMPOSED: dict[Any, Any] = {}
@@ -153,61 +175,23 @@ def _decompose(func: Any) -> Any:
     return out
 
 
-class _TorchDispatcher(Dispatcher):
-    pass
-
-
-def _make() -> Dispatcher:
+def _platform() -> Any:
     from ..select import get_platform
-    from . import TorchPlatform
 
-    plat = get_platform("torch")
-    assert isinstance(plat, TorchPlatform)
-    return _TorchDispatcher(
-        plat, _lookup, torch_op_name, _run_local, _wrap_outputs, _is_dtensor, _decompose
-    )
+    return get_platform("torch")
 
 
-_DISPATCHER: Dispatcher | None = None
-
-
-def torch_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
-    """Dispatch one torch function call on DTensors (the hot path: a cache hit)."""
-    bound = _TABLE.get(func)
-    if bound is None or (kwargs and "out" in kwargs):
-        return _slow(func, args, kwargs)
-    key, dts = bound.key(args, kwargs)
-    dec = _CACHE.get(key)
-    if dec is None:
-        return _slow(func, args, kwargs)
-    _STATS["hits"] += 1
-    _CACHE.move_to_end(key)
-    if dec.needs_redist or dec.inplace:
-        return _DISPATCHER.execute(bound, func, args, kwargs, dts, dec)  # type: ignore[union-attr]
-    if dec.overrides:
-        replace = bound.binder.replace
-        for name, value in dec.overrides.items():
-            args, kwargs = replace(args, kwargs, name, value)
-    with _NoTF():
-        out = (dec.impl or func)(*args, **kwargs)
-    if type(out) is _Tensor:
-        spec = dec._specs.get((0, out.dtype))
-        if spec is None:
-            if dec.outputs[0] is None:
-                return out  # the rule declares a plain (unsharded) result
-            spec = dec.out_spec(0, out.dtype, out.element_size())
-        o = out.as_subclass(_DT)
-        o._spec = spec
-        return o
-    return _wrap_outputs(out, dec)
-
-
-def _slow(func: Any, args: tuple, kwargs: dict) -> Any:
-    global _DISPATCHER
-    if _DISPATCHER is None:
-        _DISPATCHER = _make()
-    return _DISPATCHER(func, args, kwargs)
-
-
-_NoTF = DisableTorchFunctionSubclass
-_Tensor = torch.Tensor
+#: the torch platform's dispatcher (the one dispatch path, with torch's hooks)
+DISPATCHER = Dispatcher(
+    _platform,
+    bound_of=_TABLE.get,
+    lookup=_lookup,
+    name_of=torch_op_name,
+    run_local=_run_local,
+    run_wrap=_run_wrap,
+    wrap_outputs=_wrap_outputs,
+    is_dtensor=_is_dtensor,
+    decompose=_decompose,
+)
+#: dispatch one torch function call on DTensors (``TorchDTensor.__torch_function__``)
+torch_dispatch = DISPATCHER.dispatch

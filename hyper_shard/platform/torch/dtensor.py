@@ -114,6 +114,35 @@ def _stride(args: Any, kwargs: dict) -> Any:
     return st if dim is None else st[dim]
 
 
+@_on(torch.numel)
+def _torch_numel(args: Any, kwargs: dict) -> int:
+    return math.prod(args[0]._spec.shape)
+
+
+@_on(T.is_same_size, torch.is_same_size)
+def _is_same_size(args: Any, kwargs: dict) -> bool:
+    a, b = args[0], args[1] if len(args) > 1 else kwargs["other"]
+    sa = a._spec.shape if isinstance(a, DTensor) else tuple(a.shape)
+    sb = b._spec.shape if isinstance(b, DTensor) else tuple(b.shape)
+    return tuple(sa) == tuple(sb)
+
+
+@_on(T.type)
+def _type(args: Any, kwargs: dict) -> Any:
+    """``x.type()``: the type name (a metadata query); ``x.type(dtype)``: a conversion,
+    dispatched as ``x.to(dtype)``."""
+    self = args[0]
+    dtype = args[1] if len(args) > 1 else kwargs.get("dtype")
+    if dtype is None:
+        with DisableTorchFunctionSubclass():
+            return T.type(self)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.rsplit(".", 1)[-1]).dtype
+    elif isinstance(dtype, type) and hasattr(dtype, "dtype"):
+        dtype = dtype.dtype
+    return self.to(dtype, non_blocking=bool(kwargs.get("non_blocking", False)))
+
+
 @_on(T.__len__)
 def _len(args: Any, kwargs: dict) -> int:
     shape = args[0]._spec.shape
@@ -152,6 +181,8 @@ def _passthrough(func: Any) -> Callable:
     return h
 
 
+for _f in (torch.is_inference, torch.is_conj, torch.is_neg, torch.is_signed):
+    PROTOCOL_HANDLERS[_f] = _passthrough(_f)  # metadata of the local tensor = of the DTensor
 for _n in _PASSTHROUGH_GET:
     if hasattr(T, _n):
         PROTOCOL_HANDLERS[getattr(T, _n).__get__] = _passthrough(getattr(T, _n).__get__)
@@ -180,6 +211,7 @@ def _grad_get(args: Any, kwargs: dict) -> Any:
     spec = self._spec
     gspec = spec.with_placements([grad_placement(p) for p in spec.placements])
     out = wrap(g, gspec)
+    out.__dict__["_hs_grad_of"] = g  # `.grad.data = ...` must reach the real gradient
     self.__dict__["_grad_wrapper"] = (g, g._version, out)
     return out
 
@@ -233,8 +265,31 @@ def _data_set(args: Any, kwargs: dict) -> None:
     if vs.placements != ss.placements or vs.shard_order != ss.shard_order:
         dst = DTensorSpec(vs.mesh, ss.placements, vs.tensor_meta, ss.shard_order)
         value = wrap(redistribute_local(_plat(value), _local(value), vs, dst), dst)
+    new = _local(value).detach()
     with DisableTorchFunctionSubclass():
-        T.data.__set__(self, _local(value).detach())
+        T.data.__set__(self, new)
+        real = self.__dict__.get("_hs_grad_of")
+        if real is not None:  # self is a parameter's .grad view: set the gradient itself
+            T.data.__set__(real, new)
+    self._spec = value._spec  # the new data's dtype (nn.Module.to(dtype) sets .data)
+    self.__dict__.pop("_grad_wrapper", None)
+
+
+@_on(torch._has_compatible_shallow_copy_type)
+def _compatible_shallow_copy(args: Any, kwargs: dict) -> bool:
+    """``torch._has_compatible_shallow_copy_type(a, b)`` (asked by ``nn.Module._apply`` to
+    decide whether ``param.data = new`` may replace a parameter's data in place): a metadata
+    query answered on the local tensors; a DTensor and a plain tensor are never compatible
+    (the parameter would lose its layout)."""
+    a, b = (list(args) + [kwargs.get("input"), kwargs.get("from")])[:2]
+    if isinstance(a, DTensor) != isinstance(b, DTensor):
+        return False
+    with DisableTorchFunctionSubclass():
+        return bool(
+            torch._has_compatible_shallow_copy_type(
+                a.as_subclass(torch.Tensor), b.as_subclass(torch.Tensor)
+            )
+        )
 
 
 @_on(T.detach)
@@ -552,13 +607,6 @@ def _full_then(method: Any) -> Callable:
 
 for _m in (T.item, T.tolist, T.__bool__, T.__float__, T.__int__, T.__index__, T.numpy, T.__array__):
     PROTOCOL_HANDLERS[_m] = _full_then(_m)
-
-
-def redistribute_dtensor(dt: Any, placements: Any) -> Any:
-    """Redistribute ``dt`` (used by the dispatcher)."""
-    spec = dt._spec
-    dst = spec.with_placements(placements)
-    return wrap(redistribute_local(spec.mesh.platform, _local(dt), spec, dst), dst)
 
 
 from . import dispatch as _dm  # noqa: E402  (dispatch imports this module's class)

@@ -1,0 +1,53 @@
+"""Names vulture (dead-code check in .ci/run) may not see used: public API users call,
+PyTorch-compatible parameters kept for signature compatibility, pydantic fields read by
+the loader through the model, dataclass counters read by users."""
+
+# ruff: noqa
+# mypy: ignore-errors
+_ = object()
+
+# public API (PyTorch DeviceMesh / DTensorSpec / Placement compatible)
+_.get_local_rank
+_.get_all_groups
+_.is_shard
+_.is_replicate
+_.is_partial
+_.is_replicated
+_.global_offset
+_.max_local_numel
+_.is_evenly_sharded
+_.to_alias
+_.device_matrix
+_.decide
+_.step_cost
+_.collectives
+async_op  # DTensor.redistribute(async_op=): accepted for PyTorch compatibility
+
+# pydantic: model configuration and fields read through the model
+_.model_config
+_.doc
+_.dist_op_name
+_.infer_layout_suffix
+_._one_or_list
+_._class_form
+_._one_kind
+
+# RNG tracker counters (hyper_shard.random.RNGStats), read by users and tests
+_.draws
+_.elements
+
+# set on DTensors for torch.nn.Parameter bookkeeping
+_._is_param
+
+# hyper_shard.fsdp: FSDP2's FSDPModule methods (users call them), the class swap
+# (module.__class__ = FSDP<Class>), layout queries the FSDP tests check the byte layout with
+_.set_requires_gradient_sync
+_.set_requires_all_reduce
+_.set_reshard_after_forward
+_.set_reshard_after_backward
+_.set_is_last_backward
+_.set_modules_to_forward_prefetch
+_.set_modules_to_backward_prefetch
+_.__class__
+_.row_start
+_.flat_index
