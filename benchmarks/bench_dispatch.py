@@ -14,7 +14,17 @@ of input placements, with every cache cleared ("cold") and with the placement gr
 the geometry already built ("warm graphs"); next to torch's sharding propagation
 (``propagate_op_sharding_non_cached``) for the same placements, in milliseconds.
 
-    python benchmarks/bench_dispatch.py [--quick] [--backend torch|mindspore]
+Section 1b, 1c and 3, the flight recorder and the consistency mode (issue 10): 1b, the hot
+path with the consistency mode off and on, interleaved in this process (no collective runs,
+so the two must be equal: the mode is read once per collective, never per op); 1c, the
+guard's own cost per collective (a no-op backend call direct vs through
+``hyper_shard.flight.collective``: frames, one record, timing); 3, on 2 spawned
+gloo ranks, the time per call of a raw ``torch.distributed.all_gather_into_tensor`` of a
+64x32 fp32 shard, of ``redistribute(S(0) -> R)`` of the 64x64 DTensor with the mode off
+(the recorder and the context frames included) and with it on (plus one fingerprint
+all-gather of 1 KiB per collective), interleaved rounds, the slowest rank's best round.
+
+    python benchmarks/bench_dispatch.py [--quick] [--backend torch|mindspore] [--skip-comm]
 
 Targets (issue 3): forward overhead <= torch DTensor's on every op, <= 0.5x on
 view/reshape; linear forward+backward overhead <= 0.2x; 3-D cold decision < 2 ms.
@@ -162,6 +172,145 @@ def _row(name: str, r: dict[str, float], results: list[tuple[str, float]]) -> No
     )
 
 
+def mode_hot_path(quick: bool) -> list[tuple[str, float, float]]:
+    """Hot-path time per call with the consistency mode off and on (interleaved)."""
+    import torch
+
+    import hyper_shard as hs
+    from hyper_shard import Replicate, Shard
+
+    mesh = hs.init_device_mesh("cpu", (2,))
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
+    hx, hw = hs.distribute_tensor(x, mesh, [Shard(0)]), hs.distribute_tensor(w, mesh, [Replicate()])
+    n, rounds = (300, 3) if quick else (2000, 7)
+    out = []
+    print(f"{'op (64x64 fp32)':18s} {'mode off':>9s} {'mode on':>9s}  (µs per call, no collective)")
+    for name, f in [("add", lambda: hx + hx), ("mm", lambda: torch.mm(hx, hw))]:
+        r = _mode_rounds(f, n, rounds)
+        out.append((name, r[False], r[True]))
+        print(f"{name:18s} {r[False]:9.2f} {r[True]:9.2f}")
+    return out
+
+
+def guard_cost(quick: bool) -> tuple[float, float]:
+    """The flight guard's own cost per collective (consistency mode off): a no-op backend
+    call made directly and through ``hyper_shard.flight.collective`` (context frames read,
+    one ring-buffer record, timing), interleaved; µs per call."""
+    from hyper_shard.flight import collective
+
+    class _Group:
+        ranks, timeout = (0, 1), None
+
+    class _Plat:
+        name, comm_errors = "noop", (RuntimeError,)
+
+    p, g = _Plat(), _Group()
+
+    def noop() -> None:
+        return None
+
+    n, rounds = (20000, 3) if quick else (200000, 7)
+    r = _rounds(
+        {
+            "direct": noop,
+            "guarded": lambda: collective(p, "all_gather", g, (4, 4), "float32", noop),
+        },
+        n,
+        rounds,
+    )
+    print(f"  no-op backend call, direct                {r['direct']:8.3f} µs")
+    print(f"  through the guard + flight recorder       {r['guarded']:8.3f} µs")
+    print(f"  guard + recorder cost per collective      {r['guarded'] - r['direct']:8.3f} µs")
+    return r["direct"], r["guarded"]
+
+
+def _mode_rounds(
+    f: Callable[[], Any], n: int, rounds: int, sync: Callable[[], Any] | None = None
+) -> dict[bool, float]:
+    """Best-round mean time per call (µs) of the same ``f`` with the consistency mode off
+    and on, alternating every round (``sync()`` before each timed batch)."""
+    from hyper_shard.flight import MODE
+
+    for _ in range(max(20, n // 10)):
+        f()
+    best = {False: float("inf"), True: float("inf")}
+    try:
+        for _ in range(rounds):
+            for on in (False, True):
+                MODE.on = on
+                if sync is not None:
+                    sync()
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    f()
+                best[on] = min(best[on], (time.perf_counter() - t0) / n * 1e6)
+    finally:
+        MODE.on = False
+    return best
+
+
+def _comm_rank(rank: int, world: int, port: int, quick: bool, q: Any) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=120),
+    )  # fmt: skip
+    import hyper_shard as hs
+    from hyper_shard import Replicate, Shard
+
+    mesh = hs.init_device_mesh("cpu", (world,))
+    x = hs.distribute_tensor(torch.randn(64, 64, generator=torch.Generator().manual_seed(0)),
+                             mesh, [Shard(0)])  # fmt: skip
+    local = x.to_local().contiguous()
+    buf = torch.empty(world * local.numel())
+    n, rounds = (50, 3) if quick else (300, 7)
+
+    def raw() -> None:
+        dist.all_gather_into_tensor(buf, local.view(-1))
+
+    def hs_call() -> None:
+        x.redistribute(mesh, [Replicate()])
+
+    r_raw = _mode_rounds(raw, n, rounds, dist.barrier)  # the mode cannot change a raw call
+    r_hs = _mode_rounds(hs_call, n, rounds, dist.barrier)
+    best = {"raw": min(r_raw.values()), "off": r_hs[False], "on": r_hs[True]}
+    q.put((rank, best))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def mode_collective(quick: bool) -> dict[str, float]:
+    """Per-collective cost of the recorder and of the consistency mode on 2 gloo ranks."""
+    import multiprocessing as mp
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_comm_rank, args=(r, 2, port, quick, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    per_rank = [q.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    worst = {k: max(b[k] for _, b in per_rank) for k in per_rank[0][1]}
+    print(f"{'redistribute S(0)->R, 64x64 fp32, 2 gloo ranks':48s} {'µs per call':>12s}")
+    print(f"  {'raw torch all_gather_into_tensor':46s} {worst['raw']:12.1f}")
+    print(f"  {'hyper_shard, consistency mode off':46s} {worst['off']:12.1f}")
+    print(f"  {'hyper_shard, consistency mode on':46s} {worst['on']:12.1f}")
+    print(f"  mode on costs {worst['on'] - worst['off']:.1f} µs per collective "
+          f"({worst['on'] / worst['off']:.2f}x): one extra 1 KiB all-gather")  # fmt: skip
+    return worst
+
+
 def cold_decision(quick: bool) -> list[tuple[str, float, float, float]]:
     import torch
     import torch.distributed as dist
@@ -252,6 +401,7 @@ def main() -> None:
     )
     ap.add_argument("--quick", action="store_true", help="fewer iterations (~20 s)")
     ap.add_argument("--backend", choices=["torch", "mindspore"], default="torch")
+    ap.add_argument("--skip-comm", action="store_true", help="skip section 3 (2 gloo ranks)")
     args = ap.parse_args()
     if args.backend == "mindspore":
         from bench_dispatch_mindspore import run  # type: ignore[import-not-found]
@@ -260,14 +410,28 @@ def main() -> None:
         return
     print("== 1. hot path: time per call (µs); overhead = DTensor - plain; ratio = hs / torch")
     hot = hot_path(args.quick)
+    print("\n== 1b. hot path with the consistency mode off and on (issue 10)")
+    modes = mode_hot_path(args.quick)
+    print("\n== 1c. the guard and flight recorder per collective, mode off (issue 10)")
+    direct, guarded = guard_cost(args.quick)
     print("\n== 2. cold decision for mm (cache miss)")
     cold = cold_decision(args.quick)
+    comm = None
+    if not args.skip_comm:
+        print("\n== 3. per collective: the flight recorder and the consistency mode (issue 10)")
+        comm = mode_collective(args.quick)
     ratios = [r for _, r in hot if r == r]
     print("\n== summary")
     print(f"  hot-path overhead ratio, geometric mean: {statistics.geometric_mean(ratios):.2f} "
           f"(max {max(ratios):.2f}; target <= 1, view/reshape <= 0.5, linear fwd+bwd <= 0.2)")  # fmt: skip
     for m, c, _w, t in cold:
         print(f"  cold mm decision {m}: {c:.2f} ms (torch {t:.2f} ms)")
+    for name, off, on in modes:
+        print(f"  hot path {name}: {off:.2f} µs mode off, {on:.2f} µs mode on (no collective)")
+    print(f"  guard + recorder: {guarded - direct:.2f} µs per collective (mode off)")
+    if comm is not None:
+        print(f"  redistribute S->R on 2 gloo ranks: {comm['off']:.0f} µs mode off "
+              f"(raw all-gather {comm['raw']:.0f} µs), {comm['on']:.0f} µs mode on")  # fmt: skip
 
 
 if __name__ == "__main__":

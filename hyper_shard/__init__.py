@@ -7,7 +7,14 @@ The public API follows PyTorch DTensor: ``DeviceMesh``/``init_device_mesh``,
 
 from .dispatch.dispatcher import config
 from .dtensor import DTensor, distribute_tensor, empty, full, ones, rand, randn, zeros
-from .errors import HyperShardError, OpNotRegisteredError, OpSpecError, ShardingError
+from .errors import (
+    CollectiveError,
+    DivergenceError,
+    HyperShardError,
+    OpNotRegisteredError,
+    OpSpecError,
+    ShardingError,
+)
 from .mesh import DeviceMesh, init_device_mesh
 from .placement import Partial, Placement, Replicate, Shard
 from .registry.loader import add_python_path_at_import as _add_python_path
@@ -39,4 +46,6 @@ __all__ = [
     "OpNotRegisteredError",
     "OpSpecError",
     "ShardingError",
+    "CollectiveError",
+    "DivergenceError",
 ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .flight.context import RedistributeFrame, stack
 from .mesh import DeviceMesh
 from .placement import Partial, Placement, Replicate, Shard, grad_placement, normalize_placements
 from .redistribute.executor import execute_plan, redistribute_with_plan
@@ -201,19 +202,26 @@ class DTensor:
         local = plat.local_of(self)
         dst = (Replicate(),) * mesh.ndim
         plan = plan_redistribute(spec, dst)
-        if not plat.requires_grad(local):
-            return execute_plan(plat, local, spec, plan) if plan.steps else local
-        gp = (
-            normalize_placements(grad_placements, mesh.ndim, spec.ndim)
-            if grad_placements is not None
-            else dst
-        )
-        fwd_local = local if any(type(p) is Partial for p in spec.placements) else None
-        return plat.custom_autograd(
-            lambda x: execute_plan(plat, x, spec, plan),
-            lambda g: local_derivative(plat, g, gp, spec, fwd_local),
-            local,
-        )
+        if not plan.steps and not plat.requires_grad(local):
+            return local
+        frames = stack()  # what a CollectiveError / recent_ops() name
+        frames.append(RedistributeFrame("full_tensor", spec, dst))
+        try:
+            if not plat.requires_grad(local):
+                return execute_plan(plat, local, spec, plan)
+            gp = (
+                normalize_placements(grad_placements, mesh.ndim, spec.ndim)
+                if grad_placements is not None
+                else dst
+            )
+            fwd_local = local if any(type(p) is Partial for p in spec.placements) else None
+            return plat.custom_autograd(
+                lambda x: execute_plan(plat, x, spec, plan),
+                lambda g: local_derivative(plat, g, gp, spec, fwd_local),
+                local,
+            )
+        finally:
+            frames.pop()
 
     def redistribute(
         self,
@@ -267,11 +275,16 @@ class DTensor:
         if dst.placements == spec.placements:
             return self if spec is self._spec else plat.wrap(local, spec)
         src_local = local
-        if backward_dtype is None:
-            local = redistribute_local(plat, local, spec, dst)
-        else:
-            plan = plan_redistribute(spec, dst.placements)
-            local = redistribute_with_plan(plat, local, spec, plan, backward_dtype)
+        frames = stack()  # what a CollectiveError / recent_ops() name
+        frames.append(RedistributeFrame("redistribute", spec, dst.placements))
+        try:
+            if backward_dtype is None:
+                local = redistribute_local(plat, local, spec, dst)
+            else:
+                plan = plan_redistribute(spec, dst.placements)
+                local = redistribute_with_plan(plat, local, spec, plan, backward_dtype)
+        finally:
+            frames.pop()
         if plat.shares_storage(local, src_local):
             # a local-only plan (R -> S keeps a chunk) gives a view of the source: the
             # result is a tensor of its own, so an in-place op on it never reaches self
@@ -475,13 +488,18 @@ def distribute_tensor(
     meta = plat.tensor_meta(tensor, shape)
     req = plat.requires_grad(tensor)
     full = plat.detach(tensor)
+    rspec = DTensorSpec(device_mesh, (Replicate(),) * device_mesh.ndim, meta)
+    spec = DTensorSpec(device_mesh, placements, meta, shard_order)
     if src_data_rank is not None:
         src_coord = device_mesh._compute_coordinate(device_mesh.ranks[src_data_rank])
         assert src_coord is not None
-        for m in range(device_mesh.ndim):
-            full = plat.broadcast(full, src_coord[m], device_mesh._group(m))
-    rspec = DTensorSpec(device_mesh, (Replicate(),) * device_mesh.ndim, meta)
-    spec = DTensorSpec(device_mesh, placements, meta, shard_order)
+        frames = stack()  # what a CollectiveError / recent_ops() name
+        frames.append(RedistributeFrame("distribute_tensor", rspec, placements))
+        try:
+            for m in range(device_mesh.ndim):
+                full = plat.broadcast(full, src_coord[m], device_mesh._group(m))
+        finally:
+            frames.pop()
     local = _redistribute_plain(plat, full, rspec, spec.placements, spec.shard_order)
     return plat.make_leaf(plat.contiguous(local), spec, req)
 

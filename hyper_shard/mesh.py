@@ -50,6 +50,11 @@ class DeviceMesh:
         mesh_dim_names: optional unique names, one per mesh dimension.
         platform: ``"torch"``, ``"mindspore"`` or a Platform; default: chosen by
             :func:`hyper_shard.platform.select.get_platform`.
+        timeout: how long a collective on this mesh's process groups waits for its group
+            before it raises :class:`~hyper_shard.errors.CollectiveError` (a
+            ``datetime.timedelta`` or seconds); default ``HYPER_SHARD_TIMEOUT`` seconds, else
+            10 minutes (docs/troubleshooting.md). MindSpore has no per-group timeout:
+            there it is process-wide and fixed when communication starts.
 
     The process groups of every mesh dimension are created when the mesh is built (a
     collective call: every rank of the world must build the same mesh).
@@ -65,6 +70,7 @@ class DeviceMesh:
         *,
         mesh_dim_names: Sequence[str] | None = None,
         platform: Any = None,
+        timeout: Any = None,
         _rank: int | None = None,
         _groups: Sequence[Any] | None = None,
         _abstract: bool = False,
@@ -100,13 +106,13 @@ class DeviceMesh:
             from .platform.select import get_platform
 
             self._platform = get_platform(platform, device_type=device_type)
-            self._platform.ensure_initialized(device_type)
+            self._platform.ensure_initialized(device_type, timeout)
             self._rank = self._platform.get_rank() if _rank is None else _rank
         self._coordinate = self._compute_coordinate(self._rank)
         if _groups is not None:
             self._groups: list[Any] | None = list(_groups)
         elif self._platform is not None:
-            self._groups = self._create_groups()
+            self._groups = self._create_groups(timeout)
         else:
             self._groups = None
         if self._platform is not None:
@@ -163,13 +169,13 @@ class DeviceMesh:
             out.append(members)
         return out
 
-    def _create_groups(self) -> list[Any]:
+    def _create_groups(self, timeout: Any = None) -> list[Any]:
         assert self._platform is not None
         groups: list[Any] = []
         for d in range(self.ndim):
             mine = None
             for members in self._dim_groups_ranks(d):
-                g = self._platform.new_group(members)  # collective: every rank calls it
+                g = self._platform.new_group(members, timeout)  # collective: every rank calls it
                 if self._rank in members:
                     mine = g
             groups.append(mine)
@@ -378,6 +384,7 @@ def init_device_mesh(
     *,
     mesh_dim_names: Sequence[str] | None = None,
     platform: Any = None,
+    timeout: Any = None,
 ) -> DeviceMesh:
     """Build a DeviceMesh of ``mesh_shape`` over all ranks (as ``torch.distributed.device_mesh
     .init_device_mesh``), initialising the default process group from the launcher's
@@ -389,14 +396,21 @@ def init_device_mesh(
         mesh_shape: the mesh shape; its product must equal the world size.
         mesh_dim_names: optional names, one per mesh dimension.
         platform: ``"torch"`` or ``"mindspore"``; default as :func:`get_platform`.
+        timeout: the collective timeout of the mesh's process groups, and of the default
+            group when this call initialises it (a ``datetime.timedelta`` or seconds);
+            default ``HYPER_SHARD_TIMEOUT`` seconds, else 10 minutes. A collective that
+            waits longer raises :class:`~hyper_shard.errors.CollectiveError` on every
+            surviving rank (docs/troubleshooting.md).
 
     Raises:
-        ValueError: the product of ``mesh_shape`` differs from the world size.
+        ValueError: the product of ``mesh_shape`` differs from the world size, or a
+            timeout that is not positive.
+        TypeError: a timeout that is neither a timedelta nor a number.
     """
     from .platform.select import get_platform
 
     plat = get_platform(platform, device_type=device_type)
-    plat.ensure_initialized(device_type)
+    plat.ensure_initialized(device_type, timeout)
     world = plat.get_world_size()
     if math.prod(mesh_shape) != world:
         raise ValueError(
@@ -406,4 +420,6 @@ def init_device_mesh(
     nested: Any = list(range(world))
     for s in reversed(list(mesh_shape)[1:]):
         nested = [nested[i : i + s] for i in range(0, len(nested), s)]
-    return DeviceMesh(device_type, nested, mesh_dim_names=mesh_dim_names, platform=plat)
+    return DeviceMesh(
+        device_type, nested, mesh_dim_names=mesh_dim_names, platform=plat, timeout=timeout
+    )

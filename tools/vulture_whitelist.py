@@ -51,3 +51,5 @@ _.set_modules_to_backward_prefetch
 _.__class__
 _.row_start
 _.flat_index
+
+_.as_dict  # flight Record.as_dict(): for users' logs (hyper_shard.debug.recent_ops)

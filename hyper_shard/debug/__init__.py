@@ -1,4 +1,5 @@
-"""Debugging aids: collectives per op, the layout cache, and where each shard lives.
+"""Debugging aids: collectives per op, the layout cache, where each shard lives, the last
+collectives this rank ran, and the cross-rank consistency mode.
 
 * :func:`comm_counter` counts the redistribution steps run inside it, by kind
   (``all_gather``, ``all_reduce``, ``reduce_scatter``, ``all_to_all``, and the local
@@ -6,19 +7,40 @@
 * :func:`cache_info` / :func:`clear_cache`: the dispatcher's layout cache (hits, misses).
 * :func:`visualize_sharding`: a text table of which mesh coordinate holds which slice.
 * ``hyper-shard explain OP ...`` (the CLI) prints a rule's decision for given placements.
+* :func:`recent_ops` / :func:`dump_recent_ops`: the flight recorder — the last collectives
+  this rank ran, with the step, the redistribution and the op each ran for.
+* :func:`check_consistency` (or ``HYPER_SHARD_CHECK_CONSISTENCY=1``): before every
+  collective, the ranks of its group compare what they are about to run and raise
+  :class:`~hyper_shard.errors.DivergenceError` on every rank at the first difference.
+
+docs/troubleshooting.md shows how to read a :class:`~hyper_shard.errors.CollectiveError`.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import IO, Any
 
 from ..dispatch.dispatcher import cache_info, clear_cache
+from ..flight.consistency import MODE
+from ..flight.recorder import RECENT, Record, recent
 from ..redistribute.planner import plan_cache_info
 from ..redistribute.steps import COLLECTIVES, COUNTERS
 
-__all__ = ["comm_counter", "cache_info", "clear_cache", "plan_cache_info", "visualize_sharding"]
+__all__ = [
+    "comm_counter",
+    "cache_info",
+    "clear_cache",
+    "plan_cache_info",
+    "visualize_sharding",
+    "recent_ops",
+    "dump_recent_ops",
+    "clear_recent_ops",
+    "check_consistency",
+    "Record",
+]
 
 
 class CommCounts(dict):
@@ -64,3 +86,69 @@ def visualize_sharding(dt: Any) -> str:
         rank = mesh.ranks[sum(c * st for c, st in zip(coord, mesh._strides))]
         rows.append(f"  rank {rank} {coord}: [{rng}]{' (partial)' if partial else ''}")
     return "\n".join(rows)
+
+
+# ---------------------------------------------------------------------- flight recorder
+def recent_ops(last: int | None = None) -> list[Record]:
+    """The last collectives this rank ran, oldest first (as PyTorch's flight recorder).
+
+    Each :class:`~hyper_shard.flight.recorder.Record` holds the collective
+    (``all_gather``, ``all_reduce``...), the group's ranks, the local buffer's shape and
+    dtype, the redistribution step, the redistribution and the dispatched op it ran for
+    (``.step``, ``.redistribution``, ``.op``: text, or None), the wall time, the duration
+    and the status (``ok``, ``running``: still in flight, ``failed``). Only collectives are
+    recorded: an op that moves nothing leaves no trace. The buffer keeps the last
+    ``HYPER_SHARD_RECENT_OPS`` records (default 256).
+
+    Args:
+        last: only the last ``last`` records.
+    """
+    return recent(last)
+
+
+def dump_recent_ops(file: str | os.PathLike[str] | IO[str] | None = None) -> str:
+    """Every recorded collective of this rank as text, one line each (oldest first);
+    written to ``file`` too when given (a path, or an open text stream such as
+    ``sys.stderr``). Returns the text.
+
+    >>> hyper_shard.debug.dump_recent_ops(f"recent_ops.rank{rank}.txt")
+    """
+    records = recent()
+    lines = [f"hyper_shard: the last {len(records)} collectives of this process (oldest first)"]
+    lines += [str(r) for r in records]
+    text = "\n".join(lines) + "\n"
+    if file is not None:
+        if isinstance(file, (str, os.PathLike)):
+            with open(file, "w", encoding="utf-8") as f:
+                f.write(text)
+        else:
+            file.write(text)
+            file.flush()
+    return text
+
+
+def clear_recent_ops() -> None:
+    """Forget the recorded collectives."""
+    RECENT.clear()
+
+
+# ---------------------------------------------------------------------- consistency mode
+@contextmanager
+def check_consistency(enabled: bool = True) -> Iterator[None]:
+    """Inside the block, before every collective the ranks of its group exchange a small
+    fingerprint of what they are about to run (the collective, its buffer's shape and
+    dtype, the step, the op and its inputs' global layouts) and every rank raises
+    :class:`~hyper_shard.errors.DivergenceError` (a CollectiveError) at the first
+    disagreement, naming what each rank was doing — before the mismatched collective could
+    hang, abort or return garbage. Costs one small extra all-gather per collective; off by
+    default (``HYPER_SHARD_CHECK_CONSISTENCY=1`` turns it on for the whole run).
+
+    Every rank must enter and leave the block at the same point of the program. Nestable;
+    ``check_consistency(False)`` turns it off inside.
+    """
+    before = MODE.on
+    MODE.on = bool(enabled)
+    try:
+        yield
+    finally:
+        MODE.on = before

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import OpNotRegisteredError, ShardingError
+from ..flight.context import OpFrame, stack
 from ..redistribute.executor import redistribute_with_plan
 from . import switches
 from .op import BoundOp, Decision, OpCall, fmt_placements
@@ -202,7 +203,7 @@ class Dispatcher:
         decision moved its input links its outputs to it (:mod:`.views`)."""
         call_args, call_kwargs = args, kwargs
         if dec.needs_redist:
-            args, kwargs = self._redistribute(args, kwargs, dts, dec)
+            args, kwargs = self._redistribute(func, args, kwargs, dts, dec)
         if dec.overrides:
             for name, value in dec.overrides.items():
                 args, kwargs = bound.binder.replace(args, kwargs, name, value)
@@ -368,25 +369,32 @@ class Dispatcher:
         )
 
     def _redistribute(
-        self, args: tuple, kwargs: dict, dts: list, dec: Decision
+        self, func: Any, args: tuple, kwargs: dict, dts: list, dec: Decision
     ) -> tuple[tuple, dict]:
         """Replace every DTensor occurrence the decision moves by its redistributed local.
 
         Occurrences are matched in the order :meth:`BoundOp.key` found them, so one object
         passed twice (``x * x``) may get two layouts; the same object moved to the same
-        layout twice is redistributed once."""
+        layout twice is redistributed once. The moves run inside an
+        :class:`~hyper_shard.flight.context.OpFrame` (the op and its input layouts, for a
+        CollectiveError, the flight recorder and the consistency mode)."""
         plat = self.platform
         new: list[Any] = []
         done: dict[tuple[int, Any], Any] = {}
-        for dt, plan, tgt in zip(dts, dec.plans, dec.targets):
-            if plan is None or tgt is None:
-                new.append(None)
-                continue
-            k = (id(dt), tgt.placements)
-            r = done.get(k)
-            if r is None:
-                r = done[k] = _moved(plat, dt, plan, tgt)
-            new.append(r)
+        frames = stack()
+        frames.append(OpFrame(self.name_of, func, [d._spec for d in dts]))
+        try:
+            for dt, plan, tgt in zip(dts, dec.plans, dec.targets):
+                if plan is None or tgt is None:
+                    new.append(None)
+                    continue
+                k = (id(dt), tgt.placements)
+                r = done.get(k)
+                if r is None:
+                    r = done[k] = _moved(plat, dt, plan, tgt)
+                new.append(r)
+        finally:
+            frames.pop()
         it = iter(zip(dts, new))
         is_dt = self.is_dtensor
 

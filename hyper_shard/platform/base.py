@@ -62,10 +62,15 @@ class Platform:
     #: (:mod:`hyper_shard.dispatch.views`)
     view_semantics: bool = False
     native_collectives: frozenset[str] = COLLECTIVES
+    #: the exceptions the backend raises for a failed collective (timeout, lost peer):
+    #: turned into CollectiveError by :func:`hyper_shard.flight.collective`
+    comm_errors: tuple[type[BaseException], ...] = ()
 
     # ------------------------------------------------------------ process groups
-    def ensure_initialized(self, device_type: str) -> None:
-        """Initialise the default process group from the launcher's environment if needed."""
+    def ensure_initialized(self, device_type: str, timeout: Any = None) -> None:
+        """Initialise the default process group from the launcher's environment if needed,
+        with ``timeout`` (a timedelta or seconds; None: :mod:`hyper_shard.platform.timeouts`)
+        where the backend takes one."""
         raise NotImplementedError
 
     def get_rank(self) -> int:
@@ -74,8 +79,9 @@ class Platform:
     def get_world_size(self) -> int:
         raise NotImplementedError
 
-    def new_group(self, ranks: Sequence[int]) -> Any:
-        """Create a process group over ``ranks`` (called by every rank, in the same order)."""
+    def new_group(self, ranks: Sequence[int], timeout: Any = None) -> Any:
+        """Create a process group over ``ranks`` (called by every rank, in the same order)
+        whose collectives fail after ``timeout`` where the backend supports one."""
         raise NotImplementedError
 
     def cost_model(self, mesh: Any) -> CostModel:
@@ -244,6 +250,12 @@ class Platform:
         """All-reduce flat ``t`` in place (``sum``/``avg``...). Returns a handle or None."""
         self.copy_flat(t, self.all_reduce(t, op, group))
         return None
+
+    def all_gather_bytes(self, data: bytes, group: Any, n: int) -> list[bytes]:
+        """Every rank's ``data`` (the same length, a multiple of 4, on every rank), in
+        mesh-coordinate order: one small all-gather, not recorded (the consistency mode's
+        fingerprint exchange)."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------ autograd & wrapping
     def custom_autograd(self, fwd: Callable[[Any], Any], bwd: Callable[[Any], Any], x: Any) -> Any:

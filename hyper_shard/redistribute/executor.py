@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..flight.context import BackwardFrame, forward_context, stack
 from ..spec import DTensorSpec, split_orders
 from .planner import Plan
 from .steps import COUNTERS, STEPS, OrderedState, run_step
@@ -90,15 +91,21 @@ def redistribute_with_plan(
     if not plat.requires_grad(local):
         return execute_plan(plat, local, spec, plan)
     saved: list[Any] = []
-    if backward_dtype is None:
+    where = BackwardFrame(forward_context())  # what the backward's collectives ran for
 
-        def bwd(g: Any) -> Any:
+    def back(g: Any) -> Any:
+        frames = stack()
+        frames.append(where)
+        try:
             return backward_plan(plat, g, spec, plan, saved)
+        finally:
+            frames.pop()
 
+    if backward_dtype is None:
+        bwd = back
     else:
 
         def bwd(g: Any) -> Any:
-            low = plat.cast(g, backward_dtype)
-            return plat.cast(backward_plan(plat, low, spec, plan, saved), g.dtype)
+            return plat.cast(back(plat.cast(g, backward_dtype)), g.dtype)
 
     return plat.custom_autograd(lambda x: execute_plan(plat, x, spec, plan, saved), bwd, local)

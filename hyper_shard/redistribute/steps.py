@@ -54,6 +54,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from ..flight.context import StepFrame, stack
 from ..placement import Partial, Placement, Replicate, Shard
 from ..spec import DTensorSpec, chunk_sizes
 
@@ -224,11 +225,21 @@ def run_step(
     dst: Placement,
 ) -> Any:
     """Run one step of ``kind`` on mesh dim ``m`` from ``state`` (the placements before it),
-    counting it in every active :func:`~hyper_shard.debug.comm_counter`."""
+    counting it in every active :func:`~hyper_shard.debug.comm_counter`. A collective step
+    runs inside a :class:`~hyper_shard.flight.context.StepFrame` (what a CollectiveError,
+    the flight recorder and the consistency mode name)."""
     if COUNTERS:
         for counter in COUNTERS:
             counter[kind] = counter.get(kind, 0) + 1
-    return STEPS[kind].forward(plat, t, spec, state, m, src, dst)
+    step = STEPS[kind]
+    if not step.collective:
+        return step.forward(plat, t, spec, state, m, src, dst)
+    frames = stack()
+    frames.append(StepFrame(kind, m, spec, state, dst))
+    try:
+        return step.forward(plat, t, spec, state, m, src, dst)
+    finally:
+        frames.pop()
 
 
 # ---------------------------------------------------------------------- local steps

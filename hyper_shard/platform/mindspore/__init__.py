@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import mindspore as ms
@@ -35,9 +36,11 @@ from mindspore._c_expression import NoFallbackGuard
 from mindspore.communication import GlobalComm
 from mindspore.graph.api import _pynative_executor as _executor
 
+from ...flight import collective, guarded
 from ...redistribute.cost import COLLECTIVES
 from ...spec import TensorMeta, contiguous_stride
 from ..base import GroupRanks, Platform
+from .timeouts import check_group_timeout, collective_timeout, set_collective_timeout
 
 __all__ = ["MindSporePlatform", "MSGroup", "CPU_COLLECTIVES", "ms_local"]
 
@@ -71,16 +74,20 @@ def _device_of(device_type: str | None) -> str:
 
 class MSGroup(GroupRanks):
     """A MindSpore communication group (its name) plus the map from mesh coordinate to
-    group rank (MindSpore orders a group's ranks ascending).
+    group rank (MindSpore orders a group's ranks ascending), and the collective timeout
+    (process-wide on MindSpore; None if unknown).
 
     ``name`` is None in a world of one (no communication).
     """
 
-    __slots__ = ("name",)
+    __slots__ = ("name", "timeout")
 
-    def __init__(self, name: str | None, ranks: Sequence[int]) -> None:
+    def __init__(
+        self, name: str | None, ranks: Sequence[int], timeout: timedelta | None = None
+    ) -> None:
         super().__init__(ranks)
         self.name = name
+        self.timeout = timeout
 
     def __repr__(self) -> str:
         return f"MSGroup({self.name!r}, ranks={list(self.ranks)})"
@@ -113,6 +120,9 @@ class MindSporePlatform(Platform):
     """
 
     name = "mindspore"
+    #: what mint.distributed raises for a failed collective ("AllReduce failed.": a peer
+    #: that did not answer within MS_CPU_COMM_OP_TIMEOUT, or died)
+    comm_errors: tuple[type[BaseException], ...] = (RuntimeError,)
 
     def __init__(self) -> None:
         self._initialized = False
@@ -139,12 +149,16 @@ class MindSporePlatform(Platform):
         return cm.with_native(self.native_collectives)
 
     # ------------------------------------------------------------ process groups
-    def ensure_initialized(self, device_type: str) -> None:
+    def ensure_initialized(
+        self, device_type: str, timeout: timedelta | float | None = None
+    ) -> None:
         """Join the world: already initialised (``init_process`` or ``init()``), ``msrun``'s
-        environment (``MS_ROLE``: ``mindspore.communication.init()``), or else a world of one.
+        environment (``MS_ROLE``: ``mindspore.communication.init()``, after
+        :func:`set_collective_timeout` with ``timeout``), or else a world of one.
 
         Raises:
-            ValueError: ``device_type`` is not a MindSpore device (CPU/Ascend/GPU).
+            ValueError: ``device_type`` is not a MindSpore device (CPU/Ascend/GPU), or a
+                timeout that is not positive.
         """
         device = _device_of(device_type)
         if device not in _BACKENDS:
@@ -162,6 +176,7 @@ class MindSporePlatform(Platform):
         elif os.environ.get("MS_ROLE") in ("MS_WORKER", "MS_SCHED"):
             from mindspore.communication import init
 
+            set_collective_timeout(device, timeout)
             init()  # msrun's scheduler process runs the script too: init() serves the cluster
             _patch_world_defaults()
             self._world = None
@@ -183,18 +198,24 @@ class MindSporePlatform(Platform):
 
         return int(get_group_size())
 
-    def new_group(self, ranks: Sequence[int]) -> MSGroup:
+    def new_group(self, ranks: Sequence[int], timeout: timedelta | float | None = None) -> MSGroup:
         """A group over ``ranks`` (every rank of the world calls this for every group, in
         the same order: MindSpore's hashed group names make that safe).
+
+        MindSpore has no per-group timeout (``new_group(timeout=)`` is reserved): its
+        collective timeout is process-wide and fixed when communication starts (see
+        :func:`set_collective_timeout`). An explicit ``timeout`` that differs warns.
 
         Raises:
             RuntimeError: MindSpore could not create the group.
         """
         ranks = list(ranks)
+        have = collective_timeout(self.device)
+        check_group_timeout(timeout, have if self._world is None else None)
         if self._world is not None:
             return MSGroup(None, ranks)
         if sorted(ranks) == list(range(self.get_world_size())):
-            return MSGroup(GlobalComm.WORLD_COMM_GROUP, ranks)
+            return MSGroup(GlobalComm.WORLD_COMM_GROUP, ranks, have)
         backend = "mccl" if self.device == "CPU" else None
         name = dist.new_group(ranks=sorted(ranks), backend=backend)
         if not name:
@@ -202,7 +223,7 @@ class MindSporePlatform(Platform):
                 f"mindspore.mint.distributed.new_group(ranks={sorted(ranks)}) failed (see the "
                 f"MindSpore log); every rank of the world must build the same DeviceMesh"
             )
-        return MSGroup(name, ranks)
+        return MSGroup(name, ranks, have)
 
     # ------------------------------------------------------------ local primitives
     def shape(self, t: Any) -> tuple[int, ...]:
@@ -295,7 +316,9 @@ class MindSporePlatform(Platform):
         if wire is not None:  # mccl cannot gather this dtype: send it as `wire`
             src = src.astype(wire)
         parts = [self._zeros(shape, src.dtype) for _ in range(n)]
-        dist.all_gather(parts, src, group=group.name)
+        collective(
+            self, "all_gather", group, shape, src.dtype, dist.all_gather, parts, src, group=group.name,
+        )  # fmt: skip
         if wire is not None:
             parts = [p.astype(dtype) for p in parts]
         return group.to_coord_order(parts)
@@ -313,7 +336,11 @@ class MindSporePlatform(Platform):
             out = self._owned(t) if wire is None else ms_local(t).astype(wire)
             if 0 in _local_shape(out):
                 return out
-            dist.all_reduce(out, op="sum" if op == "avg" else op, group=group.name)
+            rop = "sum" if op == "avg" else op
+            collective(
+                self, "all_reduce", group, _local_shape(out), out.dtype,
+                dist.all_reduce, out, op=rop, group=group.name,
+            )  # fmt: skip
             if wire is not None:
                 out = out.astype(dtype) if dtype != ms.bool_ else out != 0
         if op == "avg":
@@ -353,7 +380,11 @@ class MindSporePlatform(Platform):
         flat = [ms_local(p).contiguous().reshape(-1) for p in group.to_group_order(pieces)]
         inp = mint.cat(flat, 0)
         out = self._zeros((flat[0].shape[0],), pieces[0].dtype)
-        dist.reduce_scatter_tensor(out, inp, op="sum" if op == "avg" else op, group=group.name)
+        rop = "sum" if op == "avg" else op
+        collective(
+            self, "reduce_scatter", group, _local_shape(inp), inp.dtype,
+            dist.reduce_scatter_tensor, out, inp, op=rop, group=group.name,
+        )  # fmt: skip
         out = out.reshape(shape)
         return out / len(group.ranks) if op == "avg" else out
 
@@ -372,7 +403,10 @@ class MindSporePlatform(Platform):
             return list(pieces)
         send = [ms_local(p).contiguous() for p in group.to_group_order(pieces)]
         recv = [self._zeros(_local_shape(p), p.dtype) for p in send]
-        dist.all_to_all(recv, send, group=group.name)
+        collective(
+            self, "all_to_all", group, _local_shape(send[0]), send[0].dtype,
+            dist.all_to_all, recv, send, group=group.name,
+        )  # fmt: skip
         return group.to_coord_order(recv)
 
     def broadcast(self, t: Tensor, src_group_rank: int, group: MSGroup) -> Tensor:
@@ -381,15 +415,35 @@ class MindSporePlatform(Platform):
         dtype = t.dtype
         wire = _GATHER_WIRE.get(dtype) if self.device == "CPU" else None
         out = self._owned(t) if wire is None else ms_local(t).astype(wire)
-        dist.broadcast(out, src=group.ranks[src_group_rank], group=group.name)
+        src = group.ranks[src_group_rank]
+        collective(
+            self, "broadcast", group, _local_shape(out), out.dtype,
+            dist.broadcast, out, src=src, group=group.name,
+        )  # fmt: skip
         return out if wire is None else out.astype(dtype)
 
     def all_gather_object(self, obj: Any, group: MSGroup, n: int) -> list[Any]:
         if n == 1:
             return [obj]
         out: list[Any] = [None] * n
-        dist.all_gather_object(out, obj, group=group.name)
+        collective(
+            self, "all_gather_object", group, None, None,
+            dist.all_gather_object, out, obj, group=group.name,
+        )  # fmt: skip
         return group.to_coord_order(out)
+
+    def all_gather_bytes(self, data: bytes, group: MSGroup, n: int) -> list[bytes]:
+        """Every rank's ``data`` (same length everywhere), in mesh-coordinate order: one
+        all-gather of an int32 buffer, unrecorded (the consistency exchange)."""
+        import numpy as np
+
+        src = Tensor(np.frombuffer(data, dtype=np.int32).copy())
+        parts = [self._zeros(_local_shape(src), src.dtype) for _ in range(n)]
+        guarded(
+            self, "all_gather (consistency check)", group,
+            dist.all_gather, parts, src, group=group.name,
+        )  # fmt: skip
+        return group.to_coord_order([p.asnumpy().tobytes() for p in parts])
 
     # ------------------------------------------------------------ autograd & wrapping
     def custom_autograd(self, fwd: Callable, bwd: Callable, x: Any) -> Tensor:

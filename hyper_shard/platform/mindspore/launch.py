@@ -49,6 +49,7 @@ def init_process(
     timeout: float = 60.0,
     blocking: bool = True,
     seed: int | None = None,
+    collective_timeout: timedelta | float | None = None,
 ) -> None:
     """Join a ``world``-rank MindSpore job as ``rank`` (PyNative; mccl on CPU).
 
@@ -56,7 +57,10 @@ def init_process(
         rank / world: this process's rank and the number of processes.
         port: the TCP port rank 0's store listens on (127.0.0.1).
         device: ``"CPU"`` (mccl); Ascend/GPU jobs should use ``msrun``.
-        timeout: seconds for the rendezvous and for every collective.
+        timeout: seconds for the rendezvous (the store and the mccl init).
+        collective_timeout: how long a collective waits for its group before it fails
+            (a timedelta or seconds; default ``HYPER_SHARD_TIMEOUT`` or 10 minutes): sets
+            ``MS_CPU_COMM_OP_TIMEOUT`` unless it is exported (process-wide, fixed from now on).
         blocking: call ``mindspore.runtime.launch_blocking()`` (on a CPU with few cores
             MindSpore's asynchronous launch is ~10x slower).
         seed: ``mindspore.set_seed(seed)`` on every rank (random factories then agree).
@@ -79,11 +83,36 @@ def init_process(
         td = timedelta(seconds=timeout)
         store = TCPStore("127.0.0.1", port, world_size=world, is_master=rank == 0, timeout=td)
         _STORE.append(store)
+        from .timeouts import set_collective_timeout
+
+        set_collective_timeout(device, collective_timeout)
         _init_with_store(backend="mccl", timeout=td, world_size=world, rank=rank, store=store)
         from . import _patch_world_defaults
 
         _patch_world_defaults()
-        barrier()  # rank 0 returns from the init at once: meet before any real work
+        # rank 0 returns from the init at once: meet before any real work, first through
+        # the store (bounded by the rendezvous timeout, however late a rank is), then in a
+        # collective (bounded by the collective timeout, which may be short)
+        _store_barrier(store, "hyper_shard/init_process", world, timeout)
+        barrier()
+
+
+def _store_barrier(store: Any, key: str, world: int, timeout: float) -> None:
+    """Wait until ``world`` ranks have called this with ``key`` (a counter in the store).
+
+    Raises:
+        RuntimeError: not every rank arrived within ``timeout`` seconds.
+    """
+    store.add(key, 1)
+    deadline = time.monotonic() + timeout
+    while store.add(key, 0) < world:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"init_process: only {store.add(key, 0)} of {world} ranks joined within "
+                f"{timeout} s; a rank failed to start (see its log) or the machine is "
+                f"overloaded (raise timeout=)"
+            )
+        time.sleep(0.01)
 
 
 def barrier() -> None:

@@ -5,15 +5,18 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch._C import DisableTorchFunctionSubclass
 
+from ...flight import collective, guarded
 from ...redistribute.cost import COLLECTIVES
 from ...spec import TensorMeta, contiguous_stride
 from ..base import GroupRanks, Platform
+from ..timeouts import explicit_timeout, resolve_timeout
 
 __all__ = ["TorchPlatform", "TorchGroup"]
 
@@ -29,13 +32,15 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 
 
 class TorchGroup(GroupRanks):
-    """A torch process group plus the map from mesh coordinate to group rank."""
+    """A torch process group plus the map from mesh coordinate to group rank, and its
+    collective timeout (None if unknown)."""
 
-    __slots__ = ("pg",)
+    __slots__ = ("pg", "timeout")
 
-    def __init__(self, pg: Any, ranks: Sequence[int]) -> None:
+    def __init__(self, pg: Any, ranks: Sequence[int], timeout: timedelta | None = None) -> None:
         super().__init__(ranks)
         self.pg = pg
+        self.timeout = timeout
 
     def __repr__(self) -> str:
         return f"TorchGroup(ranks={list(self.ranks)})"
@@ -72,11 +77,40 @@ class _Alias(torch.autograd.Function):
             return ctx.bwd(g), None
 
 
+def _pg_timeout(pg: Any) -> timedelta | None:
+    """The collective timeout of a torch process group (its backend's options), or None."""
+    for dev in ("cpu", "cuda", "npu", "xpu"):
+        try:
+            return pg._get_backend(torch.device(dev)).options._timeout  # type: ignore[no-any-return]
+        except Exception:  # no backend for this device, or no options on it
+            continue
+    return None
+
+
+def _comm_device(pg: Any) -> torch.device:
+    """The device a process group's collectives take tensors on (CPU for gloo, the current
+    accelerator for NCCL/HCCL...)."""
+    if dist.get_backend(pg) == "gloo":
+        return torch.device("cpu")
+    acc = torch.accelerator.current_accelerator()
+    if acc is None:
+        return torch.device("cpu")
+    return torch.device(acc.type, torch.accelerator.current_device_index())
+
+
 class TorchPlatform(Platform):
-    """hyper_shard on PyTorch: gloo on CPU, NCCL on GPU, HCCL on Ascend (torch_npu)."""
+    """hyper_shard on PyTorch: gloo on CPU, NCCL on GPU, HCCL on Ascend (torch_npu).
+
+    Every collective runs in :func:`hyper_shard.flight.collective`: a backend error
+    (``RuntimeError``: gloo's "Timed out waiting ...", "Connection reset by peer"...; NCCL's
+    ``DistBackendError``) becomes a :class:`~hyper_shard.errors.CollectiveError` with the
+    backend's error as its cause.
+    """
 
     name = "torch"
     view_semantics = True
+    #: what torch.distributed raises for a failed collective (DistError is a RuntimeError)
+    comm_errors: tuple[type[BaseException], ...] = (RuntimeError,)
 
     def __init__(self) -> None:
         compose = os.environ.get("HYPER_SHARD_COMPOSE", "")
@@ -85,14 +119,23 @@ class TorchPlatform(Platform):
         )
 
     # ------------------------------------------------------------ process groups
-    def ensure_initialized(self, device_type: str) -> None:
+    def ensure_initialized(
+        self, device_type: str, timeout: timedelta | float | None = None
+    ) -> None:
+        """Initialise the default process group if nobody has: from torchrun's environment
+        (``RANK``/``WORLD_SIZE``...), else as a world of one; with ``timeout`` (see
+        :mod:`hyper_shard.platform.timeouts`: default 10 minutes). A default group that
+        already exists is left as it is."""
         if dist.is_initialized():
             return
         backend = _BACKENDS.get(device_type.lower(), "gloo")
+        td = resolve_timeout(timeout)
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            dist.init_process_group(backend=backend)
+            dist.init_process_group(backend=backend, timeout=td)
         else:  # a lone process (notebook, single-device debugging): a world of one
-            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+            dist.init_process_group(
+                backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=td
+            )
 
     def get_rank(self) -> int:
         return dist.get_rank()
@@ -100,13 +143,23 @@ class TorchPlatform(Platform):
     def get_world_size(self) -> int:
         return dist.get_world_size()
 
-    def new_group(self, ranks: Sequence[int]) -> TorchGroup:
+    def new_group(
+        self, ranks: Sequence[int], timeout: timedelta | float | None = None
+    ) -> TorchGroup:
+        """A group over ``ranks`` (every rank of the world calls this, in the same order).
+
+        The whole world reuses the default group, unless an explicit timeout (``timeout``
+        or ``HYPER_SHARD_TIMEOUT``) differs from the default group's: then it gets its own
+        group with that timeout. Other groups get ``timeout`` (default 10 minutes)."""
         ranks = list(ranks)
+        want = explicit_timeout(timeout)
         if sorted(ranks) == list(range(dist.get_world_size())):
             pg = dist.group.WORLD
-        else:
-            pg = dist.new_group(ranks)
-        return TorchGroup(pg, ranks)
+            have = _pg_timeout(pg)
+            if want is None or want == have:
+                return TorchGroup(pg, ranks, have)
+        td = want or resolve_timeout(None)
+        return TorchGroup(dist.new_group(ranks, timeout=td), ranks, td)
 
     # ------------------------------------------------------------ local primitives
     def shape(self, t: Any) -> tuple[int, ...]:
@@ -206,7 +259,11 @@ class TorchPlatform(Platform):
         if t.numel() == 0:
             return [t] * n
         buf = torch.empty((n, *shape), dtype=t.dtype, device=t.device)
-        _all_gather(buf.view(-1), t.contiguous().view(-1), group=group.pg)
+        src = t.contiguous().view(-1)
+        collective(
+            self, "all_gather", group, shape, t.dtype,
+            _all_gather, buf.view(-1), src, group=group.pg,
+        )  # fmt: skip
         return group.to_coord_order(list(buf.unbind(0)))
 
     def all_reduce(self, t: torch.Tensor, op: str, group: TorchGroup) -> torch.Tensor:
@@ -215,7 +272,11 @@ class TorchPlatform(Platform):
         out = t.contiguous().clone()
         if out.numel() == 0:
             return out
-        dist.all_reduce(out, op=_OPS["sum" if op == "avg" else op], group=group.pg)
+        rop = _OPS["sum" if op == "avg" else op]
+        collective(
+            self, "all_reduce", group, out.shape, out.dtype,
+            dist.all_reduce, out, op=rop, group=group.pg,
+        )  # fmt: skip
         if op == "avg":
             out = out / len(group.ranks) if out.is_floating_point() else out // len(group.ranks)
         return out
@@ -229,9 +290,11 @@ class TorchPlatform(Platform):
         out = torch.empty_like(pieces[0], memory_format=torch.contiguous_format)
         if out.numel() == 0:
             return out
-        _reduce_scatter(
-            out.view(-1), inp.view(-1), op=_OPS["sum" if op == "avg" else op], group=group.pg
-        )
+        rop = _OPS["sum" if op == "avg" else op]
+        collective(
+            self, "reduce_scatter", group, inp.shape, inp.dtype,
+            _reduce_scatter, out.view(-1), inp.view(-1), op=rop, group=group.pg,
+        )  # fmt: skip
         if op == "avg":
             out = out / len(group.ranks)
         return out
@@ -243,21 +306,31 @@ class TorchPlatform(Platform):
         if inp.numel() == 0:
             return list(pieces)
         out = torch.empty_like(inp)
-        dist.all_to_all_single(out.view(-1), inp.view(-1), group=group.pg)
+        collective(
+            self, "all_to_all", group, inp.shape, inp.dtype,
+            dist.all_to_all_single, out.view(-1), inp.view(-1), group=group.pg,
+        )  # fmt: skip
         return group.to_coord_order(list(out.unbind(0)))
 
     def broadcast(self, t: torch.Tensor, src_group_rank: int, group: TorchGroup) -> torch.Tensor:
         if t.dtype is torch.int16:
             return self.broadcast(t.int(), src_group_rank, group).to(torch.int16)
         out = t.contiguous().clone()
-        dist.broadcast(out, src=group.ranks[src_group_rank], group=group.pg)
+        src = group.ranks[src_group_rank]
+        collective(
+            self, "broadcast", group, out.shape, out.dtype,
+            dist.broadcast, out, src=src, group=group.pg,
+        )  # fmt: skip
         return out
 
     def all_gather_object(self, obj: Any, group: TorchGroup, n: int) -> list[Any]:
         out: list[Any] = [None] * n
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            dist.all_gather_object(out, obj, group=group.pg)
+            collective(
+                self, "all_gather_object", group, None, None,
+                dist.all_gather_object, out, obj, group=group.pg,
+            )  # fmt: skip
         return group.to_coord_order(out)
 
     # ------------------------------------------------------------ flat buffers (FSDP)
@@ -305,10 +378,16 @@ class TorchPlatform(Platform):
         self, out: torch.Tensor, inp: torch.Tensor, group: TorchGroup, async_op: bool = False
     ) -> Any:
         if group.identity:
-            return _all_gather(out, inp, group=group.pg, async_op=async_op)
+            return collective(
+                self, "all_gather (fsdp unit)", group, inp.shape, inp.dtype,
+                _all_gather, out, inp, group=group.pg, async_op=async_op,
+            )  # fmt: skip
         # the backend orders chunks by group rank: gather, then put them in mesh order
         tmp = torch.empty_like(out)
-        _all_gather(tmp, inp.clone(), group=group.pg)
+        collective(
+            self, "all_gather (fsdp unit)", group, inp.shape, inp.dtype,
+            _all_gather, tmp, inp.clone(), group=group.pg,
+        )  # fmt: skip
         k = inp.numel()
         for c, g in enumerate(group.order):
             out.narrow(0, c * k, k).copy_(tmp.narrow(0, g * k, k))
@@ -335,7 +414,10 @@ class TorchPlatform(Platform):
             inp.div_(n)
         elif op != "sum":
             raise ValueError(f"reduce_scatter_into: reduce op {op!r} (use 'sum' or 'avg')")
-        return _reduce_scatter(out, inp, op=dist.ReduceOp.SUM, group=group.pg, async_op=async_op)
+        return collective(
+            self, "reduce_scatter (fsdp unit)", group, inp.shape, inp.dtype,
+            _reduce_scatter, out, inp, op=dist.ReduceOp.SUM, group=group.pg, async_op=async_op,
+        )  # fmt: skip
 
     def all_reduce_into(
         self, t: torch.Tensor, op: str, group: TorchGroup, async_op: bool = False
@@ -343,7 +425,22 @@ class TorchPlatform(Platform):
         if op == "avg":
             t.div_(len(group.ranks))
             op = "sum"
-        return dist.all_reduce(t, op=_OPS[op], group=group.pg, async_op=async_op)
+        return collective(
+            self, "all_reduce (fsdp unit)", group, t.shape, t.dtype,
+            dist.all_reduce, t, op=_OPS[op], group=group.pg, async_op=async_op,
+        )  # fmt: skip
+
+    def all_gather_bytes(self, data: bytes, group: TorchGroup, n: int) -> list[bytes]:
+        """Every rank's ``data`` (the same length everywhere), in mesh-coordinate order:
+        one all-gather of an int32 buffer, unrecorded (the consistency exchange)."""
+        dev = _comm_device(group.pg)
+        src = torch.frombuffer(bytearray(data), dtype=torch.int32).to(dev)
+        buf = torch.empty(n * src.numel(), dtype=torch.int32, device=dev)
+        guarded(
+            self, "all_gather (consistency check)", group, _all_gather, buf, src, group=group.pg
+        )
+        rows = buf.cpu().view(n, -1).unbind(0)
+        return group.to_coord_order([x.numpy().tobytes() for x in rows])
 
     # ------------------------------------------------------------ autograd & wrapping
     def custom_autograd(self, fwd: Callable, bwd: Callable, x: Any) -> torch.Tensor:

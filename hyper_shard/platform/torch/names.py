@@ -22,9 +22,14 @@ _NAMESPACES: list[tuple[str, Any]] = [
 _BY_FUNC: dict[Any, str] | None = None
 
 
+def _preference(name: str) -> tuple[bool, int, str]:
+    return (name.startswith("_"), len(name), name)
+
+
 def _build() -> dict[Any, str]:
     out: dict[Any, str] = {}
     for prefix, ns in reversed(_NAMESPACES):  # earlier namespaces win
+        names: dict[Any, str] = {}
         for n in dir(ns):
             try:
                 f = getattr(ns, n)
@@ -32,9 +37,14 @@ def _build() -> dict[Any, str]:
                 continue
             if callable(f) and not isinstance(f, type):
                 try:
-                    out[f] = f"{prefix}.{n}"
+                    old = names.get(f)
                 except TypeError:  # unhashable
                     continue
+                # aliases compare equal (torch.mm == torch.spmm == torch.dsmm): name the
+                # public, shortest one
+                if old is None or _preference(n) < _preference(old):
+                    names[f] = n
+        out.update({f: f"{prefix}.{n}" for f, n in names.items()})
     return out
 
 
