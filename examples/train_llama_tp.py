@@ -21,11 +21,18 @@ over dp too (2-D DTensors on the whole mesh).
 The same model is also trained in one process from the same seed on the same batches;
 the losses are printed side by side and plotted.
 
+``--save DIR`` writes the model, the AdamW state and the step count with
+``hyper_shard.checkpoint`` after the last step; ``--resume DIR`` loads them into this run's
+layout (any number of ranks) and trains the remaining steps up to ``--steps``: its losses
+are compared with the single-process run's at the same steps.
+
     python examples/train_llama_tp.py                 # spawns 2 CPU ranks (gloo, 127.0.0.1)
     python examples/train_llama_tp.py --check         # fail if a loss differs by > 1e-4 (rel)
     python examples/train_llama_tp.py --sp --steps 50 # sequence parallel too
     python examples/train_llama_tp.py --dp 2 --tp 2 --check   # FSDP x TP on 4 CPU ranks
     python examples/train_llama_tp.py --dp 2 --tp 1   # FSDP alone on 2 ranks
+    python examples/train_llama_tp.py --steps 100 --save ckpt              # checkpoint at the end
+    python examples/train_llama_tp.py --steps 200 --resume ckpt --nproc 4  # go on, on 4 ranks
     torchrun --nproc-per-node 2 examples/train_llama_tp.py   # NCCL on GPUs, HCCL on Ascend
 """
 
@@ -218,11 +225,14 @@ def train_tp(args: argparse.Namespace, data: torch.Tensor, device: torch.device)
     dp_rank = mesh.get_local_rank("dp") if args.dp > 1 else 0
     dp_group = mesh.get_group("dp") if args.dp > 1 else None
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    start = resume(args, model, opt)
     pos = torch.arange(args.seq, device=device)[None]  # global positions (needed under --sp)
     losses, times = [], []
     desc = f"{mode_name(args)} x{world}"
-    bar = tqdm(total=args.steps, desc=desc, unit="step", disable=rank != 0)
-    for x, y in batches(data, args.steps, args.batch, args.seq, args.seed + 1):
+    bar = tqdm(total=args.steps - start, desc=desc, unit="step", disable=rank != 0)
+    for i, (x, y) in enumerate(batches(data, args.steps, args.batch, args.seq, args.seed + 1)):
+        if i < start:
+            continue  # the batches of the steps the checkpoint has done
         x, y = x.chunk(args.dp)[dp_rank].to(device), y.chunk(args.dp)[dp_rank].to(device)
         sync(device)
         t0 = time.perf_counter()
@@ -250,7 +260,42 @@ def train_tp(args: argparse.Namespace, data: torch.Tensor, device: torch.device)
         bar.set_postfix(loss=f"{value:.4f}")
         bar.update()
     bar.close()
-    return {"losses": losses, "times": times}
+    save(args, model, opt)
+    return {"losses": losses, "times": times, "start": start}
+
+
+def resume(args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
+    """Load ``--resume DIR`` (model, AdamW state, step) into this run's layout, whatever
+    layout saved it; return the step to go on from (0 without ``--resume``)."""
+    if args.resume is None:
+        return 0
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    import hyper_shard.checkpoint as hc
+
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd, "step": 0}
+    hc.load(state, args.resume)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if not 0 <= state["step"] < args.steps:
+        raise SystemExit(
+            f"--resume {args.resume}: the checkpoint is at step {state['step']}; pass --steps "
+            f"greater than that"
+        )
+    return int(state["step"])
+
+
+def save(args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """``--save DIR``: the model, the AdamW state and the step count, each rank writing its
+    own shards once (hyper_shard.checkpoint; loads on any layout)."""
+    if args.save is None:
+        return
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    import hyper_shard.checkpoint as hc
+
+    msd, osd = get_state_dict(model, opt)
+    hc.save({"model": msd, "optim": osd, "step": args.steps}, args.save)
 
 
 def train_single(args: argparse.Namespace, data: torch.Tensor, device: torch.device) -> dict:
@@ -285,6 +330,8 @@ def train_single(args: argparse.Namespace, data: torch.Tensor, device: torch.dev
 def report(args: argparse.Namespace, world: int, tp: dict, single: dict, wall: float) -> int:
     """Print the table and summary, write the plot; return the exit code."""
     tok = args.batch * args.seq
+    start = tp.get("start", 0)  # --resume: the TP run covers steps start.. only
+    single = {k: v[start:] for k, v in single.items()}
     n = len(tp["losses"])
     every = max(1, args.table_every or n // 12)
     rows = sorted(set(range(0, n, every)) | {n - 1})
@@ -303,24 +350,24 @@ def report(args: argparse.Namespace, world: int, tp: dict, single: dict, wall: f
         a, b = tp["losses"][i], single["losses"][i]
         rel = abs(a - b) / max(abs(b), 1e-12)
         print(
-            f"{i:>5} {a:>{wl}.5f} {b:>12.5f} {rel:>9.1e} {tok / tp['times'][i]:>{wt}.0f} "
+            f"{start + i:>5} {a:>{wl}.5f} {b:>12.5f} {rel:>9.1e} {tok / tp['times'][i]:>{wt}.0f} "
             f"{tok / single['times'][i]:>13.0f}"
         )
     steady = slice(1, None) if n > 1 else slice(None)
     tp_rate = tok * len(tp["times"][steady]) / sum(tp["times"][steady])
     one_rate = tok * len(single["times"][steady]) / sum(single["times"][steady])
     sp = " + sequence parallel" if args.sp else ""
+    resumed = f" (resumed at step {start} from {args.resume})" if start else ""
     print(
         f"\nLlama {args.layers}x{args.hidden} (ffn {args.ffn}, {args.heads} heads / "
-        f"{args.kv_heads} kv), batch {args.batch}x{args.seq} bytes, {n} steps, {layout_text(args)}"
-        f"{sp}"
+        f"{args.kv_heads} kv), batch {args.batch}x{args.seq} bytes, {n} steps{resumed}, "
+        f"{layout_text(args)}{sp}"
     )
     tail = tp["losses"][-10:]
     print(
         f"loss {tp['losses'][0]:.4f} -> {tp['losses'][-1]:.4f} (mean of the last {len(tail)} "
         f"steps {sum(tail) / len(tail):.4f}); max relative loss difference {name} vs single "
-        f"device "
-        f"{worst:.2e} (step {worst_step})"
+        f"device {worst:.2e} (step {start + worst_step})"
     )
     print(
         f"throughput (steps 1..): {name} {tp_rate:.0f} tok/s, single device {one_rate:.0f} tok/s; "
@@ -332,7 +379,8 @@ def report(args: argparse.Namespace, world: int, tp: dict, single: dict, wall: f
     if args.check:
         if worst > args.rtol:
             print(
-                f"--check FAILED: step {worst_step} {name} loss {tp['losses'][worst_step]:.6f} vs "
+                f"--check FAILED: step {start + worst_step} {name} loss "
+                f"{tp['losses'][worst_step]:.6f} vs "
                 f"single-device {single['losses'][worst_step]:.6f} (relative {worst:.2e} > "
                 f"{args.rtol:.0e})"
             )
@@ -352,7 +400,8 @@ def write_plot(args: argparse.Namespace, world: int, tp: dict, single: dict) -> 
     args.out_dir.mkdir(parents=True, exist_ok=True)
     dp = f"_dp{args.dp}" if args.dp > 1 else ""
     path = args.out_dir / f"train_llama_tp{dp}{'_sp' if args.sp else ''}_loss.png"
-    steps = range(len(tp["losses"]))
+    start = tp.get("start", 0)
+    steps = range(start, start + len(tp["losses"]))
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     ax.plot(steps, single["losses"], label="single device", linewidth=3, alpha=0.45)
     ax.plot(steps, tp["losses"], label=layout_text(args), linewidth=1.2)
@@ -498,6 +547,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay")
     ap.add_argument("--seed", type=int, default=0, help="init seed; batches use seed + 1")
     ap.add_argument("--sp", action="store_true", help="sequence parallel on the norms too")
+    # checkpoints (hyper_shard.checkpoint): resume on any number of ranks
+    ap.add_argument(
+        "--save", type=Path, default=None, help="save model+AdamW+step to DIR at the end"
+    )
+    ap.add_argument(
+        "--resume", type=Path, default=None, help="go on from a --save DIR (any layout)"
+    )
     ap.add_argument("--nproc", type=int, default=2, help="CPU ranks to spawn (default 2)")
     ap.add_argument(
         "--dp", type=int, default=None, help="FSDP ranks (default 1; --dp x --tp ranks)"

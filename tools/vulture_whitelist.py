@@ -52,4 +52,23 @@ _.__class__
 _.row_start
 _.flat_index
 
+# hyper_shard.checkpoint: torch.distributed.checkpoint calls these (StorageWriter,
+# StorageReader, AsyncStager interfaces); the index fields are read by users; the module
+# __getattr__ serves the torch-only names lazily
+__getattr__
+_.dim_names
+_.world_size
+_.should_synchronize_after_execute
+_.stage
+_.synchronize_staging
+_.set_up_storage_writer
+_.set_up_storage_reader
+_.prepare_local_plan
+_.prepare_global_plan
+_.write_data
+_.finish
+_.storage_meta
+_.read_metadata
+_.read_data
+
 _.as_dict  # flight Record.as_dict(): for users' logs (hyper_shard.debug.recent_ops)

@@ -23,6 +23,7 @@ from torch._C import DisableTorchFunctionSubclass
 from ...dtensor import DTensor, local_derivative, redistribute_local
 from ...placement import Partial, Replicate, grad_placement
 from ...spec import DTensorSpec
+from . import dcp as _dcp
 
 __all__ = ["TorchDTensor", "wrap", "make_leaf", "PROTOCOL_HANDLERS"]
 
@@ -38,6 +39,16 @@ class TorchDTensor(DTensor, torch.Tensor):  # type: ignore[misc]
         if h is not None:
             return h(args, kwargs or {})
         return _dm.torch_dispatch(func, args, kwargs or {})
+
+    # torch.distributed.checkpoint's tensor-subclass protocol (see platform/torch/dcp.py)
+    def __create_write_items__(self, fqn: str, object: Any) -> list[Any]:
+        return _dcp.create_write_items(self, fqn)
+
+    def __create_chunk_list__(self) -> list[Any]:
+        return _dcp.create_chunk_list(self)
+
+    def __get_tensor_shard__(self, index: Any) -> torch.Tensor:
+        return _dcp.get_tensor_shard(self, index)
 
 
 def wrap(local: torch.Tensor, spec: DTensorSpec) -> TorchDTensor:
