@@ -62,7 +62,9 @@ def train_tp(steps: int, lr: float) -> list[float]:
     losses = []
     for i in range(steps):
         h = torch.relu(xs[i] @ w1.to_local().T)  # local columns of the hidden layer
-        partial = DTensor.from_local(h @ w2.to_local().T, mesh, [Partial()], shape=(BATCH, OUT))
+        partial = DTensor.from_local(
+            h @ w2.to_local().T, mesh, [Partial()], shape=(BATCH, OUT), stride=(OUT, 1)
+        )
         y = partial.redistribute(mesh, [Replicate()]).to_local()  # all-reduce
         loss = torch.nn.functional.mse_loss(y, ys[i])
         loss.backward()

@@ -5,6 +5,8 @@ The public API follows PyTorch DTensor: ``DeviceMesh``/``init_device_mesh``,
 ``redistribute``, ``distribute_tensor`` and the factories.
 """
 
+import sys as _sys
+
 from .dispatch.dispatcher import config
 from .dtensor import DTensor, distribute_tensor, empty, full, ones, rand, randn, zeros
 from .errors import (
@@ -21,6 +23,11 @@ from .registry.loader import add_python_path_at_import as _add_python_path
 from .spec import DTensorSpec, TensorMeta
 
 _add_python_path()
+
+if "torch" in _sys.modules:
+    # torch.load(weights_only=True) of a file holding DTensors needs their rebuild functions
+    # allowlisted: done when the torch platform loads, so load it now that torch is here
+    from .platform.torch import dtensor as _torch_dtensor  # noqa: F401
 
 __version__ = "0.1.0"
 

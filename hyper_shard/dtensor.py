@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .flight.context import RedistributeFrame, stack
-from .mesh import DeviceMesh
+from .mesh import DeviceMesh, as_mesh
 from .placement import Partial, Placement, Replicate, Shard, grad_placement, normalize_placements
 from .redistribute.executor import execute_plan, redistribute_with_plan
 from .redistribute.planner import plan_redistribute
-from .spec import DTensorSpec, TensorMeta, chunk_sizes, contiguous_stride
+from .spec import DTensorSpec
 
 if TYPE_CHECKING:
     from .platform.base import Platform
@@ -79,34 +79,43 @@ class DTensor:
 
         Args:
             local_tensor: this rank's shard (torch.Tensor or mindspore.Tensor).
-            device_mesh: the mesh (required).
+            device_mesh: the mesh (a ``torch.distributed.device_mesh.DeviceMesh`` is taken
+                too); default: the mesh of the innermost ``with mesh:``.
             placements: one per mesh dim; default all ``Replicate()``.
-            run_check: check across ranks that dtypes and shard shapes agree with
-                ``torch.chunk`` semantics (one all-gather of metadata).
+            run_check: check across the mesh's ranks that dtypes, ``requires_grad`` and
+                memory layouts agree, and (with ``shape``) that every shard is its
+                ``torch.chunk`` piece; ``Replicate`` mesh dims then take coordinate 0's
+                values, as PyTorch (a few metadata gathers and one broadcast per Replicate
+                mesh dim).
             shape: the global shape. When omitted and some placement is a ``Shard``, the
                 true global shape is inferred with one all-gather of the local sizes
                 (uneven shards included): a wrong shape is never assumed silently.
-            stride: the global stride (default contiguous).
+            stride: the global stride; must be given with ``shape`` (as PyTorch); default:
+                the stride PyTorch reports, from the local tensor's layout.
             grad_placements: the placements of the gradient the local tensor receives in
                 backward; default: ``Shard`` stays ``Shard``, ``Replicate`` receives the
                 whole gradient (an all-reduce), ``Partial`` receives the exact local
                 derivative (the whole gradient for ``Partial(sum)``, as PyTorch).
 
         Returns:
-            A DTensor whose local data is ``local_tensor`` (autograd-connected to it).
+            A DTensor whose local data is ``local_tensor`` (autograd-connected to it). On a
+            rank outside the mesh the local shard is empty (as PyTorch) and the global shape
+            is the local one times the mesh sizes (or ``shape``).
 
         Raises:
-            ValueError: placements that do not fit the mesh, or local shards that are not
-                the ``torch.chunk`` layout of ``shape`` (the message gives the expected
-                local shape and how to fix it). With ``shape`` given and
-                ``run_check=False`` (no communication) only the ranks whose own shard does
-                not fit can see it and raise; pass ``run_check=True`` to make every rank
-                raise together, so no rank goes on to a collective the others never join.
+            RuntimeError: ``shape`` without ``stride`` or the reverse (PyTorch's message).
+            ValueError: no mesh, placements that do not fit the mesh, local shards that are
+                not the ``torch.chunk`` layout of ``shape`` (the message gives the expected
+                local shape and how to fix it), or with ``run_check=True`` ranks that
+                disagree on metadata. With ``shape`` given and ``run_check=False`` (no
+                communication) only the ranks whose own shard does not fit can see it and
+                raise; pass ``run_check=True`` to make every rank raise together, so no rank
+                goes on to a collective the others never join.
         """
+        from . import _creation as C
         from .platform.select import platform_of_tensor
 
-        if device_mesh is None:
-            raise ValueError("DTensor.from_local needs device_mesh")
+        device_mesh = as_mesh(device_mesh, "DTensor.from_local")
         plat = (
             device_mesh.platform
             if not device_mesh.is_abstract
@@ -117,17 +126,30 @@ class DTensor:
         )
         local_shape = plat.shape(local_tensor)
         placements = normalize_placements(placements, device_mesh.ndim, len(local_shape))
-        if shape is None and any(type(p) is Shard for p in placements):
-            shape = _infer_global_shape(plat, device_mesh, placements, local_shape)
+        C.check_shape_stride_pair(plat, shape, stride)
+        shape_given = shape is not None
+        inside = device_mesh.get_coordinate() is not None
+        if shape is None and inside and any(type(p) is Shard for p in placements):
+            shape = C.infer_global_shape(plat, device_mesh, placements, local_shape)
         elif shape is None:
-            shape = local_shape
-        elif run_check:
-            _check_shapes_collectively(plat, device_mesh, placements, local_shape, tuple(shape))
+            shape = C.even_global_shape(device_mesh, placements, local_shape)
         shape = tuple(int(s) for s in shape)
+        if run_check and inside:
+            C.check_metadata_collectively(
+                plat, device_mesh, placements, local_tensor, shape if shape_given else None
+            )
         meta = plat.tensor_meta(local_tensor, shape)
         if stride is not None:
-            meta = meta._replace(stride=tuple(stride))
+            meta = meta._replace(stride=tuple(int(x) for x in stride))
+        elif inside:
+            lst = C.local_stride(plat, local_tensor)
+            meta = meta._replace(
+                stride=C.infer_global_stride(device_mesh, placements, local_shape, lst, shape)
+            )
         spec = DTensorSpec(device_mesh, placements, meta)
+        if not inside:  # a rank outside the mesh holds nothing and takes part in nothing
+            empty = C.empty_local(plat, device_mesh, meta.dtype, 1)
+            return plat.make_leaf(empty, spec, plat.requires_grad(local_tensor))
         expected = spec.local_shape()
         if tuple(local_shape) != tuple(expected):
             raise ValueError(
@@ -142,13 +164,22 @@ class DTensor:
         def bwd(g: Any) -> Any:
             return _from_local_backward(plat, g, spec, gp)
 
-        # an alias of local_tensor (no copy) that may be modified in place, as in PyTorch:
-        # the DTensor shares local_tensor's data, not its autograd history
-        local = (
-            plat.alias_autograd(bwd, local_tensor)
-            if plat.requires_grad(local_tensor)
-            else local_tensor
-        )
+        # run_check: replicas are made equal (a broadcast, so the result is new data);
+        # otherwise an alias of local_tensor (no copy) that may be modified in place, as in
+        # PyTorch: the DTensor shares local_tensor's data, not its autograd history
+        if run_check and C.has_replicate_to_broadcast(device_mesh, placements):
+
+            def fwd(x: Any) -> Any:
+                return C.broadcast_replicated(plat, device_mesh, placements, x)
+
+            if plat.requires_grad(local_tensor):
+                local = plat.custom_autograd(fwd, bwd, local_tensor)
+            else:
+                local = fwd(local_tensor)
+        elif plat.requires_grad(local_tensor):
+            local = plat.alias_autograd(bwd, local_tensor)
+        else:
+            local = local_tensor
         return plat.wrap(local, spec)
 
     # ------------------------------------------------------------------ conversion
@@ -200,6 +231,8 @@ class DTensor:
         mesh = spec.mesh
         plat = mesh.platform
         local = plat.local_of(self)
+        if mesh.get_coordinate() is None:
+            return local  # a rank outside the mesh: its empty shard, no communication
         dst = (Replicate(),) * mesh.ndim
         plan = plan_redistribute(spec, dst)
         if not plan.steps and not plat.requires_grad(local):
@@ -236,11 +269,15 @@ class DTensor:
 
         Runs the cheapest plan of local chunks, all-gathers, all-reduces,
         reduce-scatters and all-to-alls (see :mod:`hyper_shard.redistribute`);
-        differentiable. A collective: every rank must call it.
+        differentiable. A collective: every rank of the mesh must call it (a rank outside
+        the mesh returns its empty shard and takes part in nothing).
 
         Args:
-            device_mesh: must be this DTensor's mesh (or None).
-            placements: the target placements (None: this DTensor unchanged).
+            device_mesh: must be this DTensor's mesh (or None; a torch DeviceMesh over the
+                same ranks is taken).
+            placements: the target placements (None with ``forward_dtype``: a cast only).
+                A ``Partial`` target is accepted only where the DTensor already has that
+                same ``Partial``, as PyTorch (making values partial is internal).
             async_op: accepted for PyTorch compatibility; collectives complete before return.
             forward_dtype: as PyTorch DTensor: the local tensor is cast to this dtype before
                 the forward collectives and the result has this dtype (e.g. bf16 traffic).
@@ -253,15 +290,33 @@ class DTensor:
             are already ``placements``.
 
         Raises:
+            RuntimeError: no ``placements`` (and no ``forward_dtype``), or a ``Partial``
+                target the DTensor does not already have ("Can not redistribute", as
+                PyTorch).
             ValueError: another mesh (cross-mesh redistribution is not supported), or
                 placements that do not fit the mesh/tensor.
         """
         spec = self._spec
-        if device_mesh is not None and device_mesh != spec.mesh:
+        if device_mesh is not None and as_mesh(device_mesh, "redistribute") != spec.mesh:
             raise ValueError(
                 f"redistribute: cannot move a DTensor from {spec.mesh} to another mesh "
                 f"{device_mesh}; redistribute on the same mesh, then to_local and from_local"
             )
+        if placements is None and forward_dtype is None:
+            raise RuntimeError(
+                "placements is needed for redistribute! (pass the target placements, e.g. "
+                "[Replicate()])"
+            )
+        if placements is not None:
+            placements = tuple(placements)
+            if len(placements) == len(spec.placements):
+                for src, p in zip(spec.placements, placements):
+                    if type(p) is Partial and src != p:
+                        raise RuntimeError(
+                            f"Can not redistribute from {src} to {p}, redistributing to Partial "
+                            f"is for internal use only! (a Partial value comes from an op, e.g. "
+                            f"a sum over a sharded dim, or DTensor.from_local)"
+                        )
         plat = spec.mesh.platform
         local = plat.local_of(self)
         if forward_dtype is not None and forward_dtype != spec.dtype:
@@ -274,6 +329,8 @@ class DTensor:
         dst = spec.with_placements(placements)
         if dst.placements == spec.placements:
             return self if spec is self._spec else plat.wrap(local, spec)
+        if spec.mesh.get_coordinate() is None:
+            return plat.wrap(local, dst)  # outside the mesh: nothing to move
         src_local = local
         frames = stack()  # what a CollectiveError / recent_ops() name
         frames.append(RedistributeFrame("redistribute", spec, dst.placements))
@@ -406,57 +463,10 @@ def _from_local_backward(
     return _redistribute_plain(plat, g, spec.with_placements(read), target)
 
 
-def _infer_global_shape(
-    plat: Platform, mesh: DeviceMesh, placements: Sequence[Placement], local_shape: Sequence[int]
-) -> tuple[int, ...]:
-    """Global shape from every rank's local shape (one all-gather per sharding mesh dim)."""
-    shape = list(local_shape)
-    coord = mesh.get_coordinate()
-    assert coord is not None
-    # walk mesh dims right to left: each gathers the extents of the pieces it split
-    for m in range(mesh.ndim - 1, -1, -1):
-        p = placements[m]
-        if type(p) is not Shard:
-            continue
-        sizes = plat.all_gather_object(shape[p.dim], mesh._group(m), mesh.shape[m])
-        total = sum(sizes)
-        expect = chunk_sizes(total, mesh.shape[m])
-        if list(sizes) != expect:
-            raise ValueError(
-                f"DTensor.from_local: local sizes {list(sizes)} along tensor dim {p.dim} on mesh "
-                f"dim {m} are not the torch.chunk layout of {total} over {mesh.shape[m]} ranks "
-                f"(expected {expect}); re-split the data with torch.chunk, or use "
-                f"distribute_tensor on the full tensor"
-            )
-        shape[p.dim] = total
-    return tuple(shape)
-
-
-def _check_shapes_collectively(
-    plat: Platform,
-    mesh: DeviceMesh,
-    placements: Sequence[Placement],
-    local_shape: Sequence[int],
-    shape: tuple[int, ...],
-) -> None:
-    spec = DTensorSpec(mesh, placements, TensorMeta(shape, contiguous_stride(shape), None))
-    ok = tuple(local_shape) == spec.local_shape()
-    agreed = ok
-    for m in range(mesh.ndim):  # AND over each mesh dim in turn = AND over the mesh
-        agreed = all(plat.all_gather_object(agreed, mesh._group(m), mesh.shape[m]))
-    if not agreed:
-        raise ValueError(
-            f"DTensor.from_local(run_check=True): some rank's local shape does not match the "
-            f"torch.chunk layout of global shape {shape} with placements "
-            f"{[str(p) for p in placements]} (this rank: {tuple(local_shape)}, expected "
-            f"{spec.local_shape()}); pass the right shape or omit it to infer it"
-        )
-
-
 # ---------------------------------------------------------------------- creation API
 def distribute_tensor(
     tensor: Any,
-    device_mesh: DeviceMesh,
+    device_mesh: DeviceMesh | None = None,
     placements: Sequence[Placement] | None = None,
     *,
     src_data_rank: int | None = 0,
@@ -466,8 +476,13 @@ def distribute_tensor(
     ``distribute_tensor``).
 
     Args:
-        tensor: the whole global tensor (global shape), on every rank.
-        device_mesh: the mesh.
+        tensor: the whole global tensor (global shape), on every rank; a leaf (or a tensor
+            that needs no gradient). A DTensor already on ``device_mesh`` with
+            ``placements`` is returned as is. A ``meta`` tensor gives a ``meta`` DTensor
+            (no communication), to be materialised later (``torch.empty_like(dt,
+            device=...)``, ``module.to_empty``).
+        device_mesh: the mesh (a ``torch.distributed.device_mesh.DeviceMesh`` is taken too);
+            default: the mesh of the innermost ``with mesh:``.
         placements: one per mesh dim (default all Replicate). ``Partial`` keeps the value
             on coordinate 0 of that mesh dim (zeros elsewhere, or the value itself for
             avg/max/min).
@@ -478,26 +493,60 @@ def distribute_tensor(
             :class:`~hyper_shard.spec.DTensorSpec`).
 
     Returns:
-        A leaf DTensor with ``requires_grad`` as ``tensor``'s.
+        A leaf DTensor with ``requires_grad`` as ``tensor``'s. On a rank outside the mesh
+        its local shard is empty (as PyTorch) and nothing is communicated.
+
+    Raises:
+        RuntimeError: a non-leaf tensor that requires grad (PyTorch's message: distribute
+            the leaf, e.g. the parameter, then compute on the DTensor).
+        ValueError: no mesh, placements that do not fit the mesh/tensor, or a DTensor on
+            another mesh or with other placements (redistribute it instead).
     """
     from .platform.select import platform_of_tensor
 
-    plat = device_mesh.platform if not device_mesh.is_abstract else platform_of_tensor(tensor)
+    device_mesh = as_mesh(device_mesh, "distribute_tensor")
     placements = tuple(placements) if placements is not None else (Replicate(),) * device_mesh.ndim
+    if isinstance(tensor, DTensor):
+        have = tensor._spec
+        if have.mesh != device_mesh:
+            raise ValueError(
+                f"Cannot distribute a DTensor with device mesh {have.mesh} to a different "
+                f"device mesh {device_mesh}; DTensors move between meshes by to_local/from_local"
+            )
+        want = normalize_placements(placements, device_mesh.ndim, have.ndim)
+        if want != have.placements:
+            raise ValueError(
+                f"Cannot distribute a DTensor with placements {list(have.placements)} to a "
+                f"different placements {list(want)}. do you want to call `redistribute` "
+                f"instead?"
+            )
+        return tensor
+    if getattr(tensor, "requires_grad", False) and not getattr(tensor, "is_leaf", True):
+        raise RuntimeError(
+            "`distribute_tensor` should be used to distribute leaf tensors! but found non-leaf "
+            "tensor! Distribute the leaf (e.g. the parameter) and compute on the DTensor, or "
+            "detach() it first"
+        )
+    plat = device_mesh.platform if not device_mesh.is_abstract else platform_of_tensor(tensor)
     shape = plat.shape(tensor)
     meta = plat.tensor_meta(tensor, shape)
     req = plat.requires_grad(tensor)
+    spec = DTensorSpec(device_mesh, placements, meta, shard_order)
+    if device_mesh.get_coordinate() is None:
+        from ._creation import empty_local
+
+        return plat.make_leaf(empty_local(plat, device_mesh, meta.dtype, 1), spec, req)
     full = plat.detach(tensor)
     rspec = DTensorSpec(device_mesh, (Replicate(),) * device_mesh.ndim, meta)
-    spec = DTensorSpec(device_mesh, placements, meta, shard_order)
-    if src_data_rank is not None:
+    if src_data_rank is not None and not getattr(tensor, "is_meta", False):
         src_coord = device_mesh._compute_coordinate(device_mesh.ranks[src_data_rank])
         assert src_coord is not None
         frames = stack()  # what a CollectiveError / recent_ops() name
         frames.append(RedistributeFrame("distribute_tensor", rspec, placements))
         try:
             for m in range(device_mesh.ndim):
-                full = plat.broadcast(full, src_coord[m], device_mesh._group(m))
+                if device_mesh.shape[m] > 1:
+                    full = plat.broadcast(full, src_coord[m], device_mesh._group(m))
         finally:
             frames.pop()
     local = _redistribute_plain(plat, full, rspec, spec.placements, spec.shard_order)
@@ -513,8 +562,7 @@ def _factory(
     dtype: Any,
     requires_grad: bool,
 ) -> Any:
-    if device_mesh is None:
-        raise ValueError(f"hyper_shard.{kind} needs device_mesh=")
+    device_mesh = as_mesh(device_mesh, f"hyper_shard.{kind}")
     if len(size) == 1 and isinstance(size[0], (list, tuple)):
         size = tuple(size[0])
     shape = tuple(int(s) for s in size)
@@ -523,6 +571,9 @@ def _factory(
     dev = device_mesh.device_type
     probe = plat.new_tensor(kind, (0,) * len(shape), fill_value, dtype, dev)
     spec = DTensorSpec(device_mesh, placements, plat.tensor_meta(probe, shape))
+    if device_mesh.get_coordinate() is None:  # outside the mesh: an empty shard, as PyTorch
+        local = plat.new_tensor("empty", (0,), None, spec.dtype, dev)
+        return plat.make_leaf(local, spec, requires_grad)
     if kind in ("rand", "randn"):
         # every rank draws the whole tensor from the same generator state and keeps its
         # shard, so the result equals the single-device draw for the same seed

@@ -16,12 +16,16 @@ import itertools
 import math
 import weakref
 from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .platform.base import Platform
 
-__all__ = ["DeviceMesh", "init_device_mesh"]
+__all__ = ["DeviceMesh", "init_device_mesh", "as_mesh", "current_mesh"]
+
+#: the meshes entered with ``with mesh:`` in this thread/task, innermost last
+_MESH_STACK: ContextVar[tuple[DeviceMesh, ...]] = ContextVar("hyper_shard_mesh_stack", default=())
 
 
 def _flatten(mesh: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -57,11 +61,21 @@ class DeviceMesh:
             there it is process-wide and fixed when communication starts.
 
     The process groups of every mesh dimension are created when the mesh is built (a
-    collective call: every rank of the world must build the same mesh).
+    collective call: every rank of the world must build the same mesh). A mesh may cover a
+    subset of the world (``DeviceMesh("cpu", [0, 2])`` on 4 ranks), as in PyTorch: ranks
+    outside it have no coordinate, hold empty local shards and take part in no collective
+    of its DTensors.
+
+    ``with mesh:`` makes it the default mesh of the ``distribute_tensor``, ``from_local``,
+    factory and ``parallelize_module`` calls inside (as PyTorch's ``DeviceMesh`` context
+    manager); contexts nest.
 
     Raises:
         ValueError: ragged mesh, duplicate ranks, or bad/duplicate dimension names.
     """
+
+    #: True for a mesh unpickled in a process that had not built it (no process group)
+    _detached: bool = False
 
     def __init__(
         self,
@@ -118,12 +132,31 @@ class DeviceMesh:
         if self._platform is not None:
             _LIVE[self._key] = self
 
+    # ------------------------------------------------------------------ default mesh
+    def __enter__(self) -> DeviceMesh:
+        _MESH_STACK.set((*_MESH_STACK.get(), self))
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        stack = _MESH_STACK.get()
+        # pop this mesh (the innermost entry that is it), tolerating unbalanced exits
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is self:
+                _MESH_STACK.set(stack[:i] + stack[i + 1 :])
+                break
+
     def __reduce__(self) -> tuple:
         # pickled by description; unpickling finds the live mesh of this process (see
         # _rebuild_mesh): process groups are never pickled nor created by torch.load
         return (
             _rebuild_mesh,
-            (self.device_type, self.mesh, self.mesh_dim_names, self._platform is None),
+            (
+                self.device_type,
+                self.mesh,
+                self.mesh_dim_names,
+                self._platform is None,
+                self._coordinate,
+            ),
         )
 
     # ------------------------------------------------------------------ building
@@ -236,6 +269,10 @@ class DeviceMesh:
         """This rank's coordinate in the mesh, or None if it is not in the mesh."""
         return self._coordinate
 
+    def _is_current_rank_part_of_mesh(self) -> bool:
+        """True when this rank has a coordinate in the mesh (PyTorch's name)."""
+        return self._coordinate is not None
+
     def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
         """This rank's coordinate along ``mesh_dim`` (index or name)."""
         if mesh_dim is None:
@@ -264,6 +301,12 @@ class DeviceMesh:
     def _group(self, mesh_dim: int | str | None = None) -> Any:
         """hyper_shard's group of this rank along ``mesh_dim`` (ranks + native group)."""
         if self._groups is None:
+            if self._detached:
+                raise RuntimeError(
+                    f"{self!r} was loaded (torch.load) in a process that had not built it: it "
+                    f"has no process group; build the mesh (init_device_mesh / DeviceMesh) "
+                    f"before loading to run collectives on its DTensors"
+                )
             raise RuntimeError(f"{self!r} is abstract: it has no process group")
         if mesh_dim is None:
             if self.ndim != 1:
@@ -349,33 +392,80 @@ class DeviceMesh:
         return f"DeviceMesh({kind}{self.device_type!r}, {self.mesh}{names})"
 
 
+def current_mesh() -> DeviceMesh | None:
+    """The innermost mesh entered with ``with mesh:`` in this thread/task, or None."""
+    stack = _MESH_STACK.get()
+    return stack[-1] if stack else None
+
+
+def as_mesh(mesh: Any, what: str = "this call") -> DeviceMesh:
+    """``mesh`` as a hyper_shard DeviceMesh: ``None`` is the mesh of the innermost
+    ``with mesh:``; a framework's own mesh (a ``torch.distributed.device_mesh.DeviceMesh``)
+    is converted by its platform, reusing its process groups (no collective, cached per
+    mesh object), so code written for PyTorch DTensor passes its meshes unchanged.
+
+    Raises:
+        ValueError: ``None`` outside any ``with mesh:`` block.
+        TypeError: an object that is not a mesh of a supported framework.
+    """
+    if type(mesh) is DeviceMesh or isinstance(mesh, DeviceMesh):
+        return mesh
+    if mesh is None:
+        cur = current_mesh()
+        if cur is None:
+            raise ValueError(
+                f"{what} needs device_mesh: pass one (e.g. init_device_mesh('cpu', "
+                f"(world_size,))) or call it inside `with mesh:`"
+            )
+        return cur
+    mod = type(mesh).__module__.split(".")[0]
+    if mod in ("torch", "mindspore"):
+        from .platform.select import get_platform
+
+        convert = getattr(get_platform(mod), "foreign_mesh", None)
+        out = convert(mesh) if convert is not None else None
+        if out is not None:
+            return out
+    raise TypeError(
+        f"{what}: expected a hyper_shard DeviceMesh (or a torch.distributed.device_mesh."
+        f"DeviceMesh), got {type(mesh).__module__}.{type(mesh).__qualname__}"
+    )
+
+
 #: every concrete mesh this process has built, by key (weakly held)
 _LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _rebuild_mesh(
-    device_type: str, mesh: Any, mesh_dim_names: Sequence[str] | None, abstract: bool
+    device_type: str,
+    mesh: Any,
+    mesh_dim_names: Sequence[str] | None,
+    abstract: bool,
+    coordinate: Sequence[int] | None = None,
 ) -> DeviceMesh:
-    """Unpickle a DeviceMesh: an abstract one is rebuilt; a concrete one must already exist
-    in this process (its process groups are made by a collective call that unpickling
-    cannot make safely on every rank).
-
-    Raises:
-        RuntimeError: no live mesh with these ranks, device type and dim names.
+    """Unpickle a DeviceMesh: an abstract one is rebuilt; a concrete one is the live mesh of
+    this process with the same ranks, device type and dim names. When there is none (a
+    checkpoint opened in another process, as PyTorch DTensor allows), the mesh comes back
+    *detached*: its description, the platform and the saving rank's ``coordinate``, but no
+    process group, so the DTensor's metadata and local shard are usable and a collective
+    raises (build the mesh first to run them). Process groups are never made by
+    ``torch.load``: creating them is a collective call unpickling cannot make safely.
     """
     names = tuple(mesh_dim_names) if mesh_dim_names is not None else None
     if abstract:
         return DeviceMesh(device_type, mesh, mesh_dim_names=names, _abstract=True)
     shape, ranks = _flatten(mesh)
     live = _LIVE.get((device_type, shape, ranks, names))
-    if live is None:
-        raise RuntimeError(
-            f"loading a DTensor saved on DeviceMesh({device_type!r}, {mesh}, mesh_dim_names="
-            f"{names}): this process has not built that mesh; build it first (e.g. "
-            f"init_device_mesh({device_type!r}, {shape}, mesh_dim_names={names}), or the model's "
-            f"parallelize_module), then load"
-        )
-    return live
+    if live is not None:
+        return live
+    strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+    rank = ranks[sum(c * s for c, s in zip(coordinate, strides))] if coordinate else ranks[0]
+    detached = DeviceMesh(device_type, mesh, mesh_dim_names=names, _rank=rank, _abstract=True)
+    from .platform.select import get_platform
+
+    detached._platform = get_platform(None, device_type=device_type)
+    detached._detached = True
+    return detached
 
 
 def init_device_mesh(

@@ -204,8 +204,9 @@ def normalize_placements(
     placements = tuple(placements)
     if len(placements) != mesh_ndim:
         raise ValueError(
-            f"got {len(placements)} placements {list(placements)} for a {mesh_ndim}-D "
-            f"DeviceMesh; give exactly one placement per mesh dimension"
+            f"`placements` must have the same length as `device_mesh.ndim`: got "
+            f"{len(placements)} placements {list(placements)} for a {mesh_ndim}-D DeviceMesh; "
+            f"give exactly one placement per mesh dimension"
         )
     out = []
     for p in placements:

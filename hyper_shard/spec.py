@@ -33,6 +33,7 @@ __all__ = [
     "AliasLayout",
     "chunk_sizes",
     "compute_local_shape_and_offset",
+    "global_stride",
 ]
 
 
@@ -60,6 +61,37 @@ def contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
         out.append(acc)
         acc *= max(s, 1)
     return tuple(reversed(out))
+
+
+def global_stride(
+    global_shape: Sequence[int], local_shape: Sequence[int], local_stride: Sequence[int]
+) -> tuple[int, ...]:
+    """The stride of the global tensor laid out in memory like the local shard: the dims
+    ordered by the local strides (outermost first; on a tie a size-1 dim goes inside, else
+    dim order), each global stride
+    the product of the global sizes inside it; a broadcast dim (local stride 0 over more
+    than one element) keeps stride 0. This is what PyTorch DTensor reports as ``stride()``
+    (``from_local`` of a sharded tensor, ``transpose``/``permute`` results, ``contiguous()``
+    restoring the row-major stride), computed the same way for uneven shards.
+
+    >>> global_stride((12, 5, 6), (3, 5, 6), (30, 6, 1))
+    (30, 6, 1)
+    >>> global_stride((6, 5, 12), (6, 5, 3), (1, 6, 30))
+    (1, 6, 30)
+    """
+    n = len(global_shape)
+    if len(local_shape) != n or len(local_stride) != n:
+        return contiguous_stride(global_shape)
+    out = [0] * n
+    dense = [d for d in range(n) if not (local_stride[d] == 0 and local_shape[d] > 1)]
+    acc = 1
+    # ties (a size-1 dim shares its stride with a neighbour) put the size-1 dim inside, as
+    # torch's own permutes of a contiguous tensor leave it
+    key = lambda d: (-local_stride[d], local_shape[d] == 1, d)  # noqa: E731
+    for d in sorted(dense, key=key, reverse=True):
+        out[d] = acc
+        acc *= max(int(global_shape[d]), 1)
+    return tuple(out)
 
 
 def chunk_sizes(extent: int, n: int) -> list[int]:

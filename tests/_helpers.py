@@ -56,7 +56,7 @@ def dt_from_global(
             local = local - delta[coord[m]] if p.reduce_op == "max" else local + delta[coord[m]]
         else:
             raise ValueError(f"no test decomposition for {p}")
-    out = DTensor.from_local(local, mesh, placements, shape=tuple(t.shape))
+    out = DTensor.from_local(local, mesh, placements, shape=tuple(t.shape), stride=t.stride())
     if requires_grad:
         out = out.detach().requires_grad_()
     return out

@@ -9,6 +9,7 @@ _ = object()
 # public API (PyTorch DeviceMesh / DTensorSpec / Placement compatible)
 _.get_local_rank
 _.get_all_groups
+_._is_current_rank_part_of_mesh  # PyTorch DeviceMesh method name
 _.is_shard
 _.is_replicate
 _.is_partial

@@ -39,7 +39,10 @@ from ..redistribute.executor import redistribute_with_plan
 from . import switches
 from .op import BoundOp, Decision, OpCall, fmt_placements
 from .order import any_ordered, left_to_right_call_specs
+from .out_variant import write_out
+from .participation import outside_mesh_layout
 from .plain import describe, find_dtensors, replicate_plain
+from .plain_scalars import replicate_one_element
 from .views import link_views, write_back
 
 __all__ = ["Dispatcher", "config", "cache_info", "clear_cache"]
@@ -167,12 +170,15 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ slow path
     def _prepare(self, bound: BoundOp | None, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        """Plain tensors the current switches (or the op) take as Replicate DTensors."""
+        """Plain tensors the current switches (or the op) take as Replicate DTensors; a
+        plain one-element tensor always (as PyTorch DTensor: :mod:`.plain_scalars`)."""
         if switches.implicit_replication_enabled():
             return replicate_plain(self.platform, self.is_dtensor, args, kwargs)
         if bound is not None and getattr(bound.op, "replicate_plain_lists", False):
-            return replicate_plain(self.platform, self.is_dtensor, args, kwargs, lists_only=True)
-        return args, kwargs
+            args, kwargs = replicate_plain(
+                self.platform, self.is_dtensor, args, kwargs, lists_only=True
+            )
+        return replicate_one_element(self.platform, self.is_dtensor, args, kwargs)
 
     def _slow(self, bound: BoundOp | None, func: Any, args: tuple, kwargs: dict) -> Any:
         if bound is None:
@@ -244,33 +250,12 @@ class Dispatcher:
                 )
 
     def _with_out(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """``out=`` variants: compute out of place, then write into ``out`` when it is a
-        DTensor with exactly the result's layout (else a clear error; nothing is written)."""
+        """``out=`` variants: compute out of place, then write into ``out`` in ``out``'s
+        placements, as PyTorch DTensor (see :mod:`hyper_shard.dispatch.out_variant`)."""
         kw = dict(kwargs)
         out = kw.pop("out")
         result = self.dispatch(func, args, kw)
-        name = self.name_of(func)
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        results = result if isinstance(result, (tuple, list)) else (result,)
-        if len(outs) != len(results):
-            raise ShardingError(
-                f"{name}: out= has {len(outs)} tensors, the op returns {len(results)}"
-            )
-        for o, r in zip(outs, results):
-            if not self.is_dtensor(o):
-                raise ShardingError(
-                    f"{name}: out= must be a DTensor when the inputs are DTensors, got "
-                    f"{type(o).__name__}; call without out= (or pass a DTensor)"
-                )
-            if o._spec.placements != r._spec.placements or o._spec.shape != r._spec.shape:
-                raise ShardingError(
-                    f"{name}: out= is {fmt_placements(o._spec)} but the result is "
-                    f"{fmt_placements(r._spec)}; call without out= and redistribute, or pass an "
-                    f"out= with the result's placements"
-                )
-        for o, r in zip(outs, results):
-            self.platform.copy_into(o, r)
-        return out
+        return write_out(self.platform, self.name_of(func), self.is_dtensor, out, result)
 
     # ------------------------------------------------------------------ miss path
     def _miss(
@@ -293,6 +278,8 @@ class Dispatcher:
             if type(e) in (ValueError, IndexError, TypeError) and call.platform_name not in msg:
                 raise type(e)(f"{call.describe()}: {msg}") from e
             raise
+        if call.mesh.get_coordinate() is None:  # a rank outside the mesh: nothing runs
+            layout = outside_mesh_layout(call, layout)
         dec = Decision(call, layout, keeps)
         _CACHE[key] = dec
         if len(_CACHE) > config.cache_size:

@@ -280,7 +280,8 @@ class DistributedOp:
             )
         except ValueError as e:
             raise ShardingError(
-                f"{call.describe()}: no sharding strategy keeps the in-place target's placements; "
+                f"{call.describe()}: in-place operations that require placement changes are not "
+                f"supported: no sharding strategy keeps the in-place target's placements; "
                 f"redistribute it first, or use the out-of-place op"
             ) from e
         layout = Layout(
@@ -366,7 +367,8 @@ class Decision:
                 self.shapes[0] is not None and tuple(self.shapes[0]) != call.specs[0].shape
             ):
                 raise ShardingError(
-                    f"{call.describe()}: the in-place result would be {list(self.outputs[0])} with "
+                    f"{call.describe()}: in-place operations that require placement changes are "
+                    f"not supported: the in-place result would be {list(self.outputs[0])} with "
                     f"shape {self.shapes[0]}, not the target's {fmt_placements(call.specs[0])}; use "
                     f"the out-of-place op"
                 )

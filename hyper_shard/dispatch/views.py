@@ -134,5 +134,6 @@ def _write(link: _Link, view: Any, dispatcher: Any) -> None:
     if isinstance(target, (tuple, list)):
         target = target[link.index]
     plat.copy_plain(target, view.full_tensor())  # through the framework's own view of full
-    rep = DTensor.from_local(full, spec.mesh, [Replicate()] * spec.mesh.ndim, shape=spec.shape)
+    # all Replicate: the global shape is full's (no shape=: from_local wants it with stride=)
+    rep = DTensor.from_local(full, spec.mesh, [Replicate()] * spec.mesh.ndim)
     base.copy_(rep)

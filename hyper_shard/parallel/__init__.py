@@ -13,9 +13,10 @@ from __future__ import annotations
 from .api import parallelize_module
 from .distribute import distribute_module
 from .loss import loss_parallel
-from .plan import PlanKeyError
+from .plan import PlanKeyError, PlanKeyWarning
 from .style import (
     ColwiseParallel,
+    LayoutLengthError,
     ParallelStyle,
     PrepareModuleInput,
     PrepareModuleInputOutput,
@@ -35,5 +36,7 @@ __all__ = [
     "PrepareModuleOutput",
     "PrepareModuleInputOutput",
     "PlanKeyError",
+    "PlanKeyWarning",
+    "LayoutLengthError",
     "loss_parallel",
 ]

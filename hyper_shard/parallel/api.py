@@ -6,7 +6,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from ..mesh import DeviceMesh
+from ..mesh import DeviceMesh, as_mesh
 from ._adapter import adapter_for
 from .plan import describe_root, match_plan
 from .style import ParallelStyle
@@ -26,7 +26,9 @@ def parallelize_module(
 
     Args:
         module: the root module (``torch.nn.Module``).
-        device_mesh: a 1-D DeviceMesh (slice an N-D one first: ``mesh["tp"]``).
+        device_mesh: a 1-D DeviceMesh (slice an N-D one first: ``mesh["tp"]``); a
+            ``torch.distributed.device_mesh.DeviceMesh`` is taken too; default: the mesh of
+            the innermost ``with mesh:``.
         parallelize_plan: one :class:`ParallelStyle` applied to ``module`` itself, or a
             dict ``{module path: style}``. Paths are dotted submodule names whose tokens may
             be fnmatch wildcards (``"model.layers.*.self_attn.q_proj"``; ``*`` never crosses
@@ -40,20 +42,19 @@ def parallelize_module(
         afterwards steps them directly) and whose selected submodules convert their inputs
         and outputs in forward hooks.
 
+    Warns:
+        PlanKeyWarning: a plan key that matches no submodule is skipped, as torch does (the
+            message says it "could not be resolved", names the token that matched nothing
+            and the closest module names).
+
     Raises:
-        PlanKeyError: a plan key that matches no submodule (the message names the key, the
-            token that failed and the closest module names).
         TypeError: a plan that is neither a style nor a dict of styles, or a plan value that
             is not a :class:`ParallelStyle`.
         ValueError: no mesh, or a mesh that is not 1-D.
         NotImplementedError: a style applied to a module kind it does not support
             (e.g. ``ColwiseParallel`` on a ``Conv2d``).
     """
-    if device_mesh is None:
-        raise ValueError(
-            "parallelize_module: pass device_mesh (hyper_shard has no current-mesh context), "
-            "e.g. init_device_mesh('cpu', (world_size,))"
-        )
+    device_mesh = as_mesh(device_mesh, "parallelize_module")
     if parallelize_plan is None:
         warnings.warn(
             "No parallelize_plan is provided and auto-parallel is not supported at the moment, "
@@ -78,7 +79,9 @@ def parallelize_module(
     ad = adapter_for(module)
     named = ad.named_modules(module)
     by_name = dict(named)
-    matches = match_plan(parallelize_plan, [n for n, _ in named], describe_root(module))
+    matches = match_plan(
+        parallelize_plan, [n for n, _ in named], describe_root(module), strict=False
+    )
     ties = _tied_params(ad, named)
     for _key, name, style in matches:
         style.src_data_rank = src_data_rank

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..dtensor import DTensor, distribute_tensor
-from ..mesh import DeviceMesh
+from ..mesh import DeviceMesh, as_mesh
 from ..placement import Replicate
 from ._adapter import adapter_for
 
@@ -35,7 +35,8 @@ def distribute_module(
 
     Args:
         module: a ``torch.nn.Module`` (changed in place and returned).
-        device_mesh: the mesh (required).
+        device_mesh: the mesh (a ``torch.distributed.device_mesh.DeviceMesh`` is taken too);
+            default: the mesh of the innermost ``with mesh:``.
         partition_fn: ``partition_fn(name, submodule, mesh)`` is called for every submodule
             (the root as ``""``) and may replace parameters with DTensor parameters; every
             parameter and buffer it leaves plain is then replicated (``distribute_tensor``
@@ -55,10 +56,7 @@ def distribute_module(
         TypeError: ``module`` is not a module of a supported framework, or a hook takes
             neither 2 nor 3 arguments.
     """
-    if device_mesh is None:
-        raise ValueError(
-            "distribute_module: pass device_mesh (hyper_shard has no current-mesh context)"
-        )
+    device_mesh = as_mesh(device_mesh, "distribute_module")
     if getattr(module, "_distribute_module_applied", False):
         raise RuntimeError(
             f"distribute_module should only be called once on a module, but it has already "

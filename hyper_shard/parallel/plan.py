@@ -7,27 +7,36 @@ matches ``model.layers.0.mlp.up_proj`` and ``model.layers.1.mlp.up_proj`` but no
 ``model.layers.0.block.mlp.up_proj`` (``*`` never crosses a dot). The empty key ``""`` is the
 root module.
 
-Unlike torch (which warns and skips), a key that matches no module is an error naming the
-key, the first token that failed and the closest module names.
+A key that matches no module is skipped with a warning, as torch does (its message says
+the key "could not be resolved" and which token matched nothing), naming in addition the
+closest module names; :func:`match_plan` with ``strict=True`` raises :class:`PlanKeyError`
+with the same message instead.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, TypeVar
 
 from ..errors import HyperShardError
 
-__all__ = ["PlanKeyError", "match_plan", "match_key", "generalize_name"]
+__all__ = ["PlanKeyError", "PlanKeyWarning", "match_plan", "match_key", "generalize_name"]
 
 S = TypeVar("S")
 
 
 class PlanKeyError(HyperShardError, ValueError):
-    """A parallelize plan key matches no submodule (the message gives the closest names)."""
+    """A parallelize plan key matches no submodule (the message gives the closest names);
+    raised by :func:`match_plan` with ``strict=True``."""
+
+
+class PlanKeyWarning(UserWarning):
+    """A parallelize plan key matched no submodule and was skipped (as torch warns); the
+    message names the key, the token that matched nothing and the closest module names."""
 
 
 def _tokens(path: str) -> tuple[str, ...]:
@@ -106,7 +115,7 @@ def _failing_prefix(key: str, names: Sequence[str]) -> str:
 
 
 def match_plan(
-    plan: Mapping[str, S], names: Sequence[str], root: str = "module"
+    plan: Mapping[str, S], names: Sequence[str], root: str = "module", *, strict: bool = True
 ) -> list[tuple[str, str, S]]:
     """Resolve every plan entry to the module names it selects.
 
@@ -115,13 +124,15 @@ def match_plan(
         names: every qualified module name of the root (``""`` first), in
             ``named_modules()`` order.
         root: a description of the root module for error messages (e.g. its class name).
+        strict: raise on a key that matches nothing; False warns (:class:`PlanKeyWarning`,
+            as ``torch.distributed.tensor.parallel.parallelize_module``) and skips it.
 
     Returns:
         ``(key, module name, style)`` for every match, plan order first, then module order.
 
     Raises:
-        PlanKeyError: a key that matches no module; the message names the key, the token
-            that failed and the closest module names.
+        PlanKeyError: with ``strict``, a key that matches no module; the message names the
+            key, the token that failed and the closest module names.
         TypeError: a key that is not a string.
     """
     out: list[tuple[str, str, S]] = []
@@ -133,21 +144,36 @@ def match_plan(
             )
         hits = match_key(key, names)
         if not hits:
-            raise PlanKeyError(_unmatched_message(key, names, root))
+            msg = _unmatched_message(key, names, root)
+            if strict:
+                raise PlanKeyError(msg)
+            warnings.warn(PlanKeyWarning(msg), stacklevel=3)
+            continue
         out.extend((key, h, style) for h in hits)
     return out
+
+
+def _failing_token(key: str, names: Sequence[str]) -> tuple[str, str]:
+    """(the first token of ``key`` that matches nothing, the matched path before it)."""
+    kt = _tokens(key)
+    for i in range(len(kt), 0, -1):
+        if match_key(".".join(kt[: i - 1]), names) and not match_key(".".join(kt[:i]), names):
+            return kt[i - 1], ".".join(kt[: i - 1])
+    return (kt[0] if kt else ""), ""
 
 
 def _unmatched_message(key: str, names: Sequence[str], root: str) -> str:
     close = _closest(key, [n for n in names if n])
     why = _failing_prefix(key, names)
+    token, where = _failing_token(key, names)
     hint = (
         f"; closest module names: {', '.join(repr(c) for c in close)}"
         if close
         else "; print(dict(module.named_modules()).keys()) lists them"
     )
     return (
-        f"parallelize_module: plan key {key!r} matches no submodule of {root}"
+        f"Parallelize plan key {key!r} could not be resolved: no submodule matching token "
+        f"{token!r} in module {root}{'.' + where if where else ''}, skipping this plan entry"
         f"{' (' + why + ')' if why else ''}{hint}. Keys are dotted module paths whose tokens "
         f"may use fnmatch wildcards ('*' never crosses a '.')"
     )

@@ -25,6 +25,7 @@ from ._convert import from_local_even, full_tensor, redistribute, to_local
 from .distribute import distribute_module
 
 __all__ = [
+    "LayoutLengthError",
     "ParallelStyle",
     "ColwiseParallel",
     "RowwiseParallel",
@@ -33,6 +34,11 @@ __all__ = [
     "PrepareModuleOutput",
     "PrepareModuleInputOutput",
 ]
+
+
+class LayoutLengthError(ValueError, AssertionError):
+    """Layout tuples of a style that do not pair up (a ``ValueError``, and an
+    ``AssertionError`` as PyTorch raises for the same mistake, so either ``except`` works)."""
 
 
 class ParallelStyle:
@@ -324,9 +330,12 @@ class PrepareModuleInput(ParallelStyle):
         use_local_output: hand the module local tensors instead of DTensors (default False).
 
     Raises:
-        ValueError: ``desired_input_layouts`` missing or of another length than
-            ``input_layouts`` (or the kwarg dicts of different lengths); at run time, a
-            module called with another number of positional inputs than ``input_layouts``.
+        LayoutLengthError: ``desired_input_layouts`` missing or of another length than
+            ``input_layouts`` (or the kwarg dicts of different lengths); a ``ValueError``
+            and an ``AssertionError`` (PyTorch's type), with PyTorch's message.
+        ValueError: at run time, a module called with another number of positional inputs
+            than ``input_layouts`` ("module inputs and input_layouts should have same
+            length!", as PyTorch).
     """
 
     def __init__(
@@ -343,11 +352,15 @@ class PrepareModuleInput(ParallelStyle):
         self.use_local_output = use_local_output
         if self.input_layouts is not None:
             if self.desired_input_layouts is None:
-                raise ValueError("PrepareModuleInput: desired_input_layouts should not be None")
+                raise LayoutLengthError(
+                    "PrepareModuleInput: desired module inputs should not be None! (give "
+                    "desired_input_layouts, one per input_layouts entry; None leaves an input "
+                    "as it is)"
+                )
             if len(self.input_layouts) != len(self.desired_input_layouts):
-                raise ValueError(
-                    f"PrepareModuleInput: input_layouts {self.input_layouts} and "
-                    f"desired_input_layouts {self.desired_input_layouts} should have the same length"
+                raise LayoutLengthError(
+                    f"PrepareModuleInput: input_layouts and desired_input_layouts should have "
+                    f"same length! (got {self.input_layouts} and {self.desired_input_layouts})"
                 )
         self.with_kwargs = input_kwarg_layouts is not None
         self.input_kwarg_layouts = dict(input_kwarg_layouts or {})
@@ -355,9 +368,9 @@ class PrepareModuleInput(ParallelStyle):
         if self.with_kwargs and len(self.input_kwarg_layouts) != len(
             self.desired_input_kwarg_layouts
         ):
-            raise ValueError(
+            raise LayoutLengthError(
                 "PrepareModuleInput: input_kwarg_layouts and desired_input_kwarg_layouts should "
-                "have the same length"
+                "have same length!"
             )
 
     def _prepare_arg(
@@ -377,9 +390,11 @@ class PrepareModuleInput(ParallelStyle):
             return inputs
         if len(inputs) != len(self.input_layouts):
             raise ValueError(
-                f"PrepareModuleInput: {type(mod).__name__} was called with {len(inputs)} "
-                f"positional inputs but input_layouts has {len(self.input_layouts)}; pass "
-                f"keyword inputs through input_kwarg_layouts"
+                f"PrepareModuleInput: module inputs and input_layouts should have same length! "
+                f"({type(mod).__name__} was called with {len(inputs)} positional inputs but "
+                f"input_layouts has {len(self.input_layouts)}; give one layout per positional "
+                f"input, None for those left alone, and keyword inputs through "
+                f"input_kwarg_layouts)"
             )
         assert self.desired_input_layouts is not None
         return tuple(
@@ -435,8 +450,9 @@ class PrepareModuleOutput(ParallelStyle):
         use_local_output: return local tensors (default True).
 
     Raises:
-        ValueError: the two layout tuples differ in length; at run time, a module returning
-            another number of outputs than ``output_layouts``.
+        LayoutLengthError: the two layout tuples differ in length (PyTorch's message).
+        ValueError: at run time, a module returning another number of outputs than
+            ``output_layouts``.
     """
 
     def __init__(
@@ -450,9 +466,9 @@ class PrepareModuleOutput(ParallelStyle):
         self.desired_output_layouts = _as_tuple(desired_output_layouts) or ()
         self.use_local_output = use_local_output
         if len(self.output_layouts) != len(self.desired_output_layouts):
-            raise ValueError(
-                f"PrepareModuleOutput: output_layouts {self.output_layouts} and "
-                f"desired_output_layouts {self.desired_output_layouts} should have the same length"
+            raise LayoutLengthError(
+                f"PrepareModuleOutput: output_layouts and desired_output_layouts should have "
+                f"same length! (got {self.output_layouts} and {self.desired_output_layouts})"
             )
 
     def _prepare_out(self, mesh: DeviceMesh, mod: Any, args: tuple, outputs: Any) -> Any:
@@ -460,8 +476,9 @@ class PrepareModuleOutput(ParallelStyle):
         outs = (outputs,) if single else outputs
         if len(outs) != len(self.output_layouts):
             raise ValueError(
-                f"PrepareModuleOutput: {type(mod).__name__} returned {len(outs)} outputs but "
-                f"output_layouts has {len(self.output_layouts)}"
+                f"PrepareModuleOutput: module outputs and output_layouts should have same "
+                f"length! ({type(mod).__name__} returned {len(outs)} outputs but "
+                f"output_layouts has {len(self.output_layouts)})"
             )
         res = []
         for i, (o, lay, des) in enumerate(

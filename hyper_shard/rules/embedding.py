@@ -22,9 +22,11 @@ indices' rank; the output is ``weight.shape[:a] + input.shape + weight.shape[a+1
 The dense backward is local autograd: a row-sharded weight gets a row-sharded gradient, a
 Replicate weight a Partial(sum) one (the sum of every rank's lookups), as single-device.
 ``scale_grad_by_freq`` needs every index on every rank (counts are global), so the indices
-are gathered and the weight is not row-sharded. ``max_norm`` renormalises weight rows in
-place, which only a whole, replicated weight can do identically on every rank: it needs a
-Replicate weight (and gathers the indices).
+are gathered and the weight is not row-sharded. ``max_norm`` renormalises the looked-up
+weight rows in place, which needs whole rows: with a Replicate weight every rank
+renormalises identically (the indices are gathered); with a row-sharded weight each rank
+renormalises the looked-up rows it holds (exactly the rows single-device torch changes, on
+their owners) and the lookup is vocab-parallel as above; other weight layouts raise.
 """
 
 from __future__ import annotations
@@ -79,6 +81,12 @@ class VocabParallelLookup:
             return out + weight.sum() * 0
         local = ids - self.lo
         outside = (local < 0) | (local >= self.rows)
+        if b.get(args, kwargs, "max_norm") is not None:
+            # renormalise only the rows this rank holds that are looked up (a lookup of
+            # them alone does it, in place, as torch), then look up without max_norm
+            a2, k2 = b.replace(args, kwargs, "input", local[~outside])
+            self.func(*a2, **k2)
+            args, kwargs = b.replace(args, kwargs, "max_norm", None)
         args, kwargs = b.replace(args, kwargs, "input", local.masked_fill(outside, 0))
         pad = b.get(args, kwargs, "padding_idx")
         if pad is not None:
@@ -158,13 +166,22 @@ class EmbeddingOp(PlannedOp):
             ins[ii], ins[iw] = pi, pw
             return tuple(ins)
 
+        row = Shard(axis)
         if max_norm is not None:
-            if any(type(p) is not type(R) for p in w.placements):
+            if any(type(p) is not type(R) and p != row for p in w.placements):
                 raise ShardingError(
-                    f"{call.describe()}: max_norm renormalises weight rows in place, which needs "
-                    f"a Replicate weight; redistribute the weight to Replicate() or drop max_norm"
+                    f"{call.describe()}: max_norm renormalises the looked-up weight rows in "
+                    f"place, which needs whole rows: a Replicate or row-sharded (Shard(0)) "
+                    f"weight; redistribute the weight or drop max_norm"
                 )
-            return OpPlan([out_shape], [], fixed=(iw,))
+            # the weight never moves (the rows are renormalised in its own storage); the
+            # indices are gathered so every rank renormalises the rows it holds that any
+            # rank looks up (a row-sharded table: each row on its owner only)
+            strategies_mn: list = [((_PSUM,), pair(R, row))] if row in w.placements else []
+            plan = OpPlan([out_shape], strategies_mn, fixed=(iw,))
+            if strategies_mn:
+                plan.local = self._vocab_local(call, iw, w, axis)
+            return plan
         strategies: list = []
         if not by_freq:
             strategies += [((Shard(axis + j),), pair(Shard(j), R)) for j in range(k)]
@@ -174,14 +191,19 @@ class EmbeddingOp(PlannedOp):
         if not by_freq:
             strategies.append(((_PSUM,), pair(R, Shard(axis))))
         strategies += [((p,), pair(R, p)) for p in partials_of([w])]
+        return OpPlan([out_shape], strategies, local=self._vocab_local(call, iw, w, axis))
+
+    def _vocab_local(self, call: OpCall, iw: int, w: Any, axis: int) -> Any:
+        """The step installing :class:`VocabParallelLookup` where the decided weight layout
+        shards the lookup axis."""
         mesh = call.mesh
         binder = call.binder or self.binder
         func = call.func
 
         def local(layout: Layout) -> Layout:
-            wt = layout.inputs[iw]
+            wt = layout.inputs[iw] or w.placements
             coord = mesh.get_coordinate()
-            if wt is None or coord is None or not any(p == Shard(axis) for p in wt):
+            if coord is None or not any(p == Shard(axis) for p in wt):
                 return layout
             ls, off = compute_local_shape_and_offset(w.shape, mesh.shape, wt, coord)
             layout.impl = VocabParallelLookup(
@@ -189,4 +211,4 @@ class EmbeddingOp(PlannedOp):
             )
             return layout
 
-        return OpPlan([out_shape], strategies, local=local)
+        return local

@@ -338,6 +338,11 @@ class IndexOp(PlannedOp):
             )
         index = self._index(call)
         form = parse_index(x.shape, index)
+        leading = _leading_index_tensors(form, x)
+        if leading is not None:  # x[idx] = v into a sharded indexed dim: index_put's rule
+            from .index_put import index_put_layout
+
+            return index_put_layout(call, leading, "value", setitem=True)
         n_idx = sum(1 for it in form.items if it.spec is not None)
         has_value = len(call.specs) > 1 + n_idx
         vspec = call.specs[-1] if has_value else None
@@ -540,6 +545,27 @@ def strided_slice_index(
                 )
             )
     return tuple(items)
+
+
+def _leading_index_tensors(
+    form: IndexForm, x: Any
+) -> list[tuple[int | None, tuple[int, ...], str]] | None:
+    """For ``x[i0, i1, ..., :, ...] = v`` with integer index DTensors on the leading dims
+    (nothing else but whole slices / Ellipsis after them) into a target sharded on one of
+    those dims: the index tensors as :func:`~hyper_shard.rules.index_put.index_put_layout`
+    takes them; else None (the form this rule writes itself)."""
+    items = [it for it in form.items if it.kind != "ellipsis"]
+    adv = [it for it in items if it.kind == "adv"]
+    if not adv or any(it.spec is None for it in adv):
+        return None
+    k = len(adv)
+    if [it.dims[0] for it in adv] != list(range(k)) or form.items[:k] != adv:
+        return None
+    if any(it.kind != "slice" or it.dims[0] not in form.keep for it in items[k:]):
+        return None
+    if not any(type(p) is Shard and p.dim < k for p in x.placements):
+        return None
+    return [(it.spec, tuple(it.shape), "int") for it in adv]
 
 
 def _value_shard(vspec: Any, form: IndexForm, o: int, out_nd: int) -> Placement:

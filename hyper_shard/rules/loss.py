@@ -23,13 +23,15 @@ Per mesh dim:
   targets and no weight packs the target logit (and the smoothing sum) into the sum-exp
   all-reduce, so its loss is ``Replicate`` over the class mesh dims (reading it costs no
   collective; PyTorch's loss_parallel gives a replicated loss too); weighted, probability
-  targets and ``nll_loss`` give ``Partial(sum)`` there. Outside ``loss_parallel()`` the call raises :class:`ShardingError` saying to
-  wrap it or redistribute (only a class dim the caller already sharded is kept so);
+  targets and ``nll_loss`` give ``Partial(sum)`` there. Outside ``loss_parallel()`` the class
+  dim is gathered first and the loss computed on whole rows, as PyTorch DTensor does, with a
+  one-time warning that ``loss_parallel()`` avoids the gather (only a class dim the caller
+  already sharded is kept so);
 * ``nll_loss`` is linear in its input: a ``Partial(sum|avg)`` input stays Partial.
 
 Anything else is gathered. The layout cache does not see the ``loss_parallel`` switch: a
-class-sharded decision checks it each call, so a cached decision raises outside the
-context too.
+class-sharded decision checks it each call (gathering outside the context), so one cached
+decision serves both.
 
 ``log_softmax`` along a sharded dim (rule ``log_softmax``, an extension of
 :mod:`hyper_shard.rules.softmax`) is computed in place, in and outside ``loss_parallel``:
@@ -128,7 +130,7 @@ class LossOp(DistributedOp):
     Raises:
         ShardingError: input or target is not a DTensor, shapes that do not match, a
             DTensor argument other than input/target/weight, probability targets for
-            ``nll_loss``, or (at run time) class-sharded input outside ``loss_parallel()``.
+            ``nll_loss``.
     """
 
     Params = LossParams
@@ -262,7 +264,7 @@ class LossOp(DistributedOp):
             from ..platform.torch.kernels.loss import ClassParallelLoss
 
             _, off = compute_local_shape_and_offset(x.shape, mesh.shape, pl, mesh.get_coordinate())
-            layout.impl = ClassParallelLoss(
+            kernel = ClassParallelLoss(
                 call.binder or self.binder,
                 kind,
                 call.platform,
@@ -275,6 +277,14 @@ class LossOp(DistributedOp):
                 f.reduction,
                 prob_count,
             )
+            # outside loss_parallel() the kernel gathers the class dim (loss_gather.py)
+            for role, i in (("input", f.i_in), ("target", f.i_t), ("weight", f.i_w)):
+                if i is not None:
+                    spec, tgt = call.specs[i], layout.inputs[i]
+                    kernel.gather_specs[role] = spec if tgt is None else spec.with_placements(tgt)
+            coord = mesh.get_coordinate()
+            kernel.class_coord0 = all(coord[m] == 0 for m in class_dims)
+            layout.impl = kernel
         elif f.reduction == "mean" and batch_dims:
             from ..platform.torch.kernels.loss import GlobalMeanLoss
 

@@ -37,6 +37,14 @@ MAX_SAMPLES = 4
 #: placement combinations per sample on the 1-D mesh of 2, for the entry's first variant
 #: (every combination when there are at most this many; else a fixed random subset)
 MAX_COMBOS = 256
+#: a smaller first-variant cap for entries whose cases are slow (three-tensor convolutions:
+#: each case is a conv forward and backward on 2 ranks)
+MAX_COMBOS_FOR = {
+    f"nn.functional.{n}": 64
+    for n in (
+        "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"
+    )
+}  # fmt: skip
 #: the same for the other variants (method and in-place forms of the same rule)
 MAX_COMBOS_OTHER = 10
 #: placement combinations of the chosen sample on the (2, 2) mesh, per variant

@@ -300,7 +300,8 @@ def run_entry(rank: int, world: int, key: str) -> dict[str, Any]:
             except Exception as e:
                 cases.append({**base, "status": "n/a", "msg": f"torch raises: {_msg(e)}"})
                 continue
-            cap = C.MAX_COMBOS_2D if world == 4 else C.MAX_COMBOS if vi == 0 else C.MAX_COMBOS_OTHER
+            first = C.MAX_COMBOS_FOR.get(key, C.MAX_COMBOS)
+            cap = C.MAX_COMBOS_2D if world == 4 else first if vi == 0 else C.MAX_COMBOS_OTHER
             chosen_combos, _ = C.combos(s.leaves, mesh.ndim, cap, seed)
             values = op.name not in C.VALUES_UNSPECIFIED
             for combo in chosen_combos:

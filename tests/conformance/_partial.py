@@ -108,7 +108,7 @@ def dt_exact(
         coord = mesh.get_coordinate()
         pieces = split_exact(local, [mesh.shape[m] for m in pdims], seed * 131 + 17)
         local = pieces[tuple(coord[m] for m in pdims)].clone()
-    out = DTensor.from_local(local, mesh, placements, shape=tuple(t.shape))
+    out = DTensor.from_local(local, mesh, placements, shape=tuple(t.shape), stride=t.stride())
     if requires_grad:
         out = out.detach().requires_grad_()
     return out

@@ -99,8 +99,9 @@ def render(verdicts: dict[str, Verdict], seconds: float) -> str:
         " becomes a DTensor;",
         "  placements per tensor: Replicate, Shard(d) for every dim, Partial(sum) for floats;",
         "- mesh of 2: every combination of those for the entry's first variant (a fixed random",
-        f"  {C.MAX_COMBOS} if there are more), a fixed random {C.MAX_COMBOS_OTHER} for its"
-        " method/in-place variants;",
+        f"  {C.MAX_COMBOS} if there are more; {min(C.MAX_COMBOS_FOR.values())} for the"
+        " convolutions, whose cases are slow), a fixed random"
+        f" {C.MAX_COMBOS_OTHER} for its method/in-place variants;",
         f"  mesh (2, 2): {C.MAX_COMBOS_2D} fixed random combinations per variant of the sample"
         " with the most",
         "  tensor dims;",

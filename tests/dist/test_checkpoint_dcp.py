@@ -55,7 +55,7 @@ def _saved_state(mesh, rank: int) -> dict:
         "s": distribute_tensor(v["s"], mesh, [Shard(0), Shard(1)]),
         "r": distribute_tensor(v["r"], mesh, [Replicate(), Shard(0)]),
         "rr": distribute_tensor(v["rr"], mesh, [Replicate(), Replicate()]),
-        "p": DTensor.from_local(part, mesh, [Shard(0), Partial()], shape=(4, 2)),
+        "p": DTensor.from_local(part, mesh, [Shard(0), Partial()], shape=(4, 2), stride=(2, 1)),
         "e": distribute_tensor(v["e"], mesh, [Shard(0), Shard(0)]),  # 3 rows over 4: one empty
         "plain": v["plain"].clone(),
         "n": 5,
@@ -64,7 +64,7 @@ def _saved_state(mesh, rank: int) -> dict:
 
 def _target(mesh1, mesh2) -> dict:
     """Other layouts: on a 1-D mesh of the 4 ranks, and transposed ones on the 2-D mesh."""
-    from hyper_shard import Partial, Replicate, Shard, zeros
+    from hyper_shard import DTensor, Partial, Replicate, Shard, zeros
 
     return {
         "s": zeros(6, 5, device_mesh=mesh1, placements=[Shard(1)]),
@@ -74,7 +74,14 @@ def _target(mesh1, mesh2) -> dict:
         "e": zeros(3, 2, device_mesh=mesh1, placements=[Replicate()], dtype=torch.bfloat16),
         "plain": torch.zeros(2),
         "n": 0,
-        "_partial": zeros(4, 2, device_mesh=mesh2).redistribute(mesh2, [Partial(), Shard(0)]),
+        # a Partial target from local zeros (redistribute to Partial is refused, as PyTorch)
+        "_partial": DTensor.from_local(
+            zeros(4, 2, device_mesh=mesh2, placements=[Replicate(), Shard(0)]).to_local(),
+            mesh2,
+            [Partial(), Shard(0)],
+            shape=(4, 2),
+            stride=(2, 1),
+        ),
     }
 
 

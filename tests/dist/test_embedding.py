@@ -96,7 +96,8 @@ def check_small_vocab(rank, world):
 
 def check_max_norm(rank, world):
     """max_norm renormalises the looked-up rows in place: a Replicate weight does it
-    identically on every rank (indices gathered); a sharded one is refused."""
+    identically on every rank (indices gathered); a row-sharded one on each row's owner
+    (vocab-parallel lookup); a column-sharded one (rows split) is refused."""
     torch.set_num_threads(1)
     mesh = _mesh(world)
     r = mesh.ndim
@@ -110,8 +111,11 @@ def check_max_norm(rank, world):
     out = F.embedding(di, dw, max_norm=1.0)
     assert_dtensor_close(out, ref)
     assert_dtensor_close(dw, ref_w)  # the same rows renormalised in place
+    rw = dt_from_global(w, mesh, [Shard(0)] * r)
+    assert_dtensor_close(F.embedding(di, rw, max_norm=1.0), ref)
+    assert_dtensor_close(rw, ref_w)  # exactly the rows torch renormalises, on their owners
     with pytest.raises(ShardingError, match="max_norm"):
-        F.embedding(di, dt_from_global(w, mesh, [Shard(0)] * r), max_norm=1.0)
+        F.embedding(di, dt_from_global(w, mesh, [Shard(1)] * r), max_norm=1.0)
     return 1
 
 

@@ -90,7 +90,9 @@ def _recorder_and_consistency(rank: int, world: int) -> None:
     # (b): from_local(run_check=False) with local shards that are not one tensor: each
     # rank's shard fits the shape it gives, so no rank can tell without communicating
     c = 3 if rank == 0 else 5
-    bad = DTensor.from_local(torch.ones(4, c), mesh, [Shard(0)], shape=(8, c), run_check=False)
+    bad = DTensor.from_local(
+        torch.ones(4, c), mesh, [Shard(0)], shape=(8, c), stride=(c, 1), run_check=False
+    )
     with check_consistency():
         report("b", caught(torch.softmax, bad, 0))
     report("after_b", bool(torch.equal(x.full_tensor(), full)))
@@ -117,7 +119,9 @@ def _recorder_and_consistency(rank: int, world: int) -> None:
     # receives more than it expects; the other may get garbage silently, and its next
     # collective then raises CollectiveError (its peer is gone)
     mesh2 = _mesh(SHORT)
-    bad2 = DTensor.from_local(torch.ones(4, c), mesh2, [Shard(0)], shape=(8, c), run_check=False)
+    bad2 = DTensor.from_local(
+        torch.ones(4, c), mesh2, [Shard(0)], shape=(8, c), stride=(c, 1), run_check=False
+    )
 
     def op_then_next() -> None:
         torch.softmax(bad2, 0)

@@ -234,12 +234,16 @@ def check_setitem(rank, world):
         assert d.placements == tuple(pl)
         assert_dtensor_close(d, e)
         n += 1
-    # writing through an index tensor into a sharded dim in place: a clear error
+    # writing through an index tensor into a sharded dim in place: each rank writes the
+    # rows it holds (index_put's rule), the target keeps its shards
     d = dt_from_global(x, mesh, _placements(mesh, Shard(0)))
     ids = dt_from_global(torch.tensor([0, 3]), mesh, _placements(mesh))
-    with pytest.raises(ShardingError, match="Replicate first"):
-        d[ids] = 1.0
-    return n
+    d[ids] = 1.0
+    e = x.clone()
+    e[torch.tensor([0, 3])] = 1.0
+    assert d.placements == tuple(_placements(mesh, Shard(0)))
+    assert_dtensor_close(d, e)
+    return n + 1
 
 
 def check_index_ops(rank, world):

@@ -84,7 +84,7 @@ def check_to_local_from_local_partial(rank, world):
     p = da @ db  # contracted dim sharded: Partial(sum)
     assert p.placements == (Partial(),)
     local = p.to_local()  # each rank's addend
-    q = DTensor.from_local(local * 2, mesh, [Partial()], shape=(4, 3))
+    q = DTensor.from_local(local * 2, mesh, [Partial()], shape=(4, 3), stride=(3, 1))
     loss = (q.full_tensor() * w).sum()
     loss.backward()
     assert da.grad is not None and db.grad is not None

@@ -39,11 +39,11 @@ def check_from_local_widths(rank, world):
     full = torch.arange(10, dtype=torch.float32).reshape(2, 5)
     wrong = full[:, :2] if rank == 0 else full[:, 2:]  # widths 2 and 3
     with pytest.raises(ValueError, match="torch.chunk"):
-        DTensor.from_local(wrong, mesh, [Shard(1)], shape=(2, 5))
+        DTensor.from_local(wrong, mesh, [Shard(1)], shape=(2, 5), stride=(5, 1))
     with pytest.raises(ValueError, match="torch.chunk"):
         DTensor.from_local(wrong, mesh, [Shard(1)])  # inferred shape: refused too
     right = torch.chunk(full, world, 1)[rank]  # widths 3 and 2
-    d = DTensor.from_local(right, mesh, [Shard(1)], shape=(2, 5))
+    d = DTensor.from_local(right, mesh, [Shard(1)], shape=(2, 5), stride=(5, 1))
     assert torch.equal(d.full_tensor(), full)
     return 1
 

@@ -25,7 +25,7 @@ def _local(dt: torch.Tensor) -> torch.Tensor:
 def _pair() -> tuple[DTensor, torch.Tensor, torch.Tensor]:
     mesh = DeviceMesh.abstract((2,), rank=0)  # no collective runs: the decisions move nothing
     full = torch.arange(12.0).reshape(4, 3)
-    dt = DTensor.from_local(full.clone(), mesh, [Replicate()], shape=(4, 3))
+    dt = DTensor.from_local(full.clone(), mesh, [Replicate()], shape=(4, 3), stride=(3, 1))
     return dt, full, torch.ones(4, 3)
 
 
@@ -125,7 +125,7 @@ def test_shard_inputs_too() -> None:
     """Implicit replication of a plain tensor next to a Shard DTensor chunks it locally."""
     mesh = DeviceMesh.abstract((2,), rank=1)
     full = torch.arange(12.0).reshape(4, 3)
-    dt = DTensor.from_local(full[2:].clone(), mesh, [Shard(0)], shape=(4, 3))
+    dt = DTensor.from_local(full[2:].clone(), mesh, [Shard(0)], shape=(4, 3), stride=(3, 1))
     with implicit_replication():
         out = dt + torch.ones(4, 3)
     assert out.placements == (Shard(0),)

@@ -32,14 +32,14 @@ QUERIES = {
 def test_query_matches_plain_torch(name: str) -> None:
     full = torch.randn(5, 3)
     mesh = DeviceMesh.abstract((2,), rank=1)  # an abstract mesh: no collective can run
-    dt = DTensor.from_local(full[3:].clone(), mesh, [Shard(0)], shape=(5, 3))
+    dt = DTensor.from_local(full[3:].clone(), mesh, [Shard(0)], shape=(5, 3), stride=(3, 1))
     q = QUERIES[name]
     assert q(dt) == q(full)
 
 
 def test_type_conversion_is_a_cast() -> None:
     mesh = DeviceMesh.abstract((2,), rank=0)
-    dt = DTensor.from_local(torch.ones(3, 3), mesh, [Shard(0)], shape=(5, 3))
+    dt = DTensor.from_local(torch.ones(3, 3), mesh, [Shard(0)], shape=(5, 3), stride=(3, 1))
     for arg in (torch.float64, "torch.DoubleTensor", torch.DoubleTensor):
         out = dt.type(arg)
         assert out.dtype == torch.float64 and out.placements == (Shard(0),)

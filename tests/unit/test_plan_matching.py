@@ -14,6 +14,7 @@ from hyper_shard import DeviceMesh, Replicate, Shard
 from hyper_shard.parallel import (
     ColwiseParallel,
     PlanKeyError,
+    PlanKeyWarning,
     PrepareModuleInput,
     PrepareModuleOutput,
     RowwiseParallel,
@@ -158,16 +159,28 @@ def test_bad_key_lists_children_of_last_match() -> None:
     assert "'mlp'" in msg and "'self_attn'" in msg  # the children that do exist
 
 
-def test_parallelize_module_rejects_bad_key_before_changing_anything() -> None:
+def test_parallelize_module_warns_and_skips_a_bad_key() -> None:
+    """As torch: a key matching nothing is skipped with a warning ("could not be resolved",
+    the token that matched nothing), plus hyper_shard's closest module names."""
     m = LM(2)
     before = {n: p.data_ptr() for n, p in m.named_parameters()}
     mesh = DeviceMesh.abstract((2,))
-    plan = {"lm_head": ColwiseParallel(), "model.layers.*.mlp.gate": ColwiseParallel()}
-    with pytest.raises(PlanKeyError, match="model.layers.\\*.mlp.gate_proj"):
-        parallelize_module(m, mesh, plan)
-    # the first (valid) entry was not applied either: the whole plan is checked first
+    with pytest.warns(PlanKeyWarning) as rec:
+        out = parallelize_module(m, mesh, {"model.layers.*.mlp.gate": ColwiseParallel()})
+    assert out is m
+    msg = str(rec[0].message)
+    assert "Parallelize plan key 'model.layers.*.mlp.gate' could not be resolved" in msg
+    assert "no submodule matching token 'gate'" in msg and "skipping this plan entry" in msg
+    assert "'model.layers.*.mlp.gate_proj'" in msg  # the closest name
     assert {n: p.data_ptr() for n, p in m.named_parameters()} == before
-    assert not m.lm_head._forward_pre_hooks and not m.lm_head._forward_hooks
+
+
+def test_match_plan_not_strict_skips() -> None:
+    m = LM(1)
+    c = ColwiseParallel()
+    with pytest.warns(PlanKeyWarning, match="'lm_headd' could not be resolved"):
+        got = match_plan({"lm_headd": c, "lm_head": c}, names(m), "LM", strict=False)
+    assert [g[1] for g in got] == ["lm_head"]
 
 
 def test_plan_type_errors() -> None:

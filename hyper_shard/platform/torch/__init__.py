@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -44,6 +45,10 @@ class TorchGroup(GroupRanks):
 
     def __repr__(self) -> str:
         return f"TorchGroup(ranks={list(self.ranks)})"
+
+
+#: torch DeviceMesh -> the hyper_shard mesh built from it (weakly keyed by the torch mesh)
+_CONVERTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _Custom(torch.autograd.Function):
@@ -109,6 +114,8 @@ class TorchPlatform(Platform):
 
     name = "torch"
     view_semantics = True
+    #: ``DTensor.from_local(shape=...)`` needs ``stride=`` too, as PyTorch DTensor's does
+    from_local_needs_stride = True
     #: what torch.distributed raises for a failed collective (DistError is a RuntimeError)
     comm_errors: tuple[type[BaseException], ...] = (RuntimeError,)
 
@@ -142,6 +149,40 @@ class TorchPlatform(Platform):
 
     def get_world_size(self) -> int:
         return dist.get_world_size()
+
+    def foreign_mesh(self, mesh: Any) -> Any:
+        """A ``torch.distributed.device_mesh.DeviceMesh`` as a hyper_shard DeviceMesh over the
+        same ranks, device type and dim names, reusing the torch mesh's process groups (no
+        collective: safe on one rank alone). Cached per torch mesh; None for other objects."""
+        from torch.distributed.device_mesh import DeviceMesh as TorchMesh
+
+        if not isinstance(mesh, TorchMesh):
+            return None
+        out = _CONVERTED.get(mesh)
+        if out is not None:
+            return out
+        from ...mesh import DeviceMesh
+
+        ranks = mesh.mesh.tolist()
+        names = mesh.mesh_dim_names
+        probe = DeviceMesh(mesh.device_type, ranks, mesh_dim_names=names, _abstract=True)
+        me = dist.get_rank()
+        groups: list[Any] = []
+        for d in range(probe.ndim):
+            members = next((g for g in probe._dim_groups_ranks(d) if me in g), None)
+            if members is None:  # this rank is outside the mesh: no group, as PyTorch
+                groups.append(None)
+                continue
+            groups.append(TorchGroup(mesh.get_group(d), members))
+        out = DeviceMesh(
+            mesh.device_type, ranks, mesh_dim_names=names, platform=self, _groups=groups
+        )
+        _CONVERTED[mesh] = out
+        return out
+
+    def stride(self, t: Any) -> tuple[int, ...]:
+        with DisableTorchFunctionSubclass():
+            return tuple(t.stride())
 
     def new_group(
         self, ranks: Sequence[int], timeout: timedelta | float | None = None

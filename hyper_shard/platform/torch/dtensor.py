@@ -14,6 +14,7 @@ A small table of *protocol* functions (metadata, ``grad``, ``backward``, ``detac
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,7 @@ from torch._C import DisableTorchFunctionSubclass
 
 from ...dtensor import DTensor, local_derivative, redistribute_local
 from ...placement import Partial, Replicate, grad_placement
-from ...spec import DTensorSpec
+from ...spec import DTensorSpec, global_stride
 from . import dcp as _dcp
 
 __all__ = ["TorchDTensor", "wrap", "make_leaf", "PROTOCOL_HANDLERS"]
@@ -52,7 +53,12 @@ class TorchDTensor(DTensor, torch.Tensor):  # type: ignore[misc]
 
 
 def wrap(local: torch.Tensor, spec: DTensorSpec) -> TorchDTensor:
-    """Wrap a plain local tensor as a DTensor alias (autograd history kept)."""
+    """Wrap a plain local tensor as a DTensor alias (autograd history kept). A DTensor leaf
+    marked ``_hs_fresh_leaf`` (a factory's ``requires_grad=True`` result) is the result
+    itself: an alias of a leaf would not be a leaf, and its ``.grad`` would stay empty."""
+    if type(local) is TorchDTensor and local.__dict__.pop("_hs_fresh_leaf", False):
+        local._spec = spec
+        return local
     out = local.as_subclass(TorchDTensor)
     out._spec = spec
     return out
@@ -110,7 +116,41 @@ def _size(args: Any, kwargs: dict) -> Any:
 
 @_on(T.dim, T.ndimension, T.ndim.__get__)
 def _dim(args: Any, kwargs: dict) -> int:
-    return len(args[0]._spec.shape)
+    spec = args[0]._spec
+    if not spec.is_replicated() and sys._getframe(2).f_code is _vmap_inputs_code():
+        _refuse_vmap(spec)
+    return len(spec.shape)
+
+
+_VMAP_CODE: list[Any] = []
+
+
+def _vmap_inputs_code() -> Any:
+    """The code object of functorch's ``_process_batched_inputs`` (which asks every
+    vmapped input for its ``dim()``), or None."""
+    if not _VMAP_CODE:
+        try:
+            from torch._functorch.vmap import _process_batched_inputs
+
+            _VMAP_CODE.append(_process_batched_inputs.__code__)
+        except (ImportError, AttributeError):  # another torch: no detection
+            _VMAP_CODE.append(None)
+    return _VMAP_CODE[0]
+
+
+def _refuse_vmap(spec: DTensorSpec) -> None:
+    """``torch.func.vmap`` over a sharded (or Partial) DTensor would run on this rank's
+    local shard only: functorch transforms act below ``__torch_function__``, where a
+    hyper_shard DTensor is its local tensor. Refused with the alternatives, rather than
+    returning a plain per-rank result silently."""
+    pl = ", ".join(str(p) for p in spec.placements)
+    raise NotImplementedError(
+        f"torch.func.vmap over a DTensor{list(spec.shape)}[{pl}]: functorch transforms run "
+        f"below hyper_shard's __torch_function__ hook and would see only this rank's local "
+        f"shard. vmap a Replicate DTensor (redistribute to Replicate(): the result is the "
+        f"plain tensor of the whole batch), or vmap the local shard when the function acts "
+        f"per element of an unsharded batch dim: torch.func.vmap(f)(x.to_local())"
+    )
 
 
 @_on(T.numel, T.nelement)
@@ -120,7 +160,18 @@ def _numel(args: Any, kwargs: dict) -> int:
 
 @_on(T.stride)
 def _stride(args: Any, kwargs: dict) -> Any:
-    st = args[0]._spec.stride
+    """The global stride, as PyTorch DTensor reports it: the local tensor's strides when no
+    mesh dim shards it (the local tensor is the global one), else the global tensor laid out
+    in memory like the local shard (``transpose``/``permute`` permute it, ``contiguous()``
+    restores the row-major one; :func:`~hyper_shard.spec.global_stride`)."""
+    self = args[0]
+    spec = self._spec
+    with DisableTorchFunctionSubclass():
+        lshape, lstride = tuple(self.shape), tuple(self.stride())
+    if lshape == spec.shape:
+        st = lstride
+    else:
+        st = global_stride(spec.shape, lshape, lstride)
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
     return st if dim is None else st[dim]
 
@@ -152,6 +203,18 @@ def _type(args: Any, kwargs: dict) -> Any:
     elif isinstance(dtype, type) and hasattr(dtype, "dtype"):
         dtype = dtype.dtype
     return self.to(dtype, non_blocking=bool(kwargs.get("non_blocking", False)))
+
+
+@_on(T.contiguous)
+def _contiguous(args: Any, kwargs: dict) -> Any:
+    """``self`` when the local shard is already contiguous (as torch returns ``self``), else
+    the dispatched op (a local copy; placements kept)."""
+    self = args[0]
+    with DisableTorchFunctionSubclass():
+        done = T.is_contiguous(self, *args[1:], **kwargs)
+    if done:
+        return self
+    return _dm.torch_dispatch(T.contiguous, args, kwargs)
 
 
 @_on(T.__len__)
@@ -272,17 +335,20 @@ def _data_set(args: Any, kwargs: dict) -> None:
         raise TypeError("DTensor.data must be set to a DTensor with the same spec")
     if value._spec.shape != self._spec.shape or value._spec.mesh != self._spec.mesh:
         raise ValueError(f"DTensor.data: {value._spec} does not match {self._spec}")
-    vs, ss = value._spec, self._spec
-    if vs.placements != ss.placements or vs.shard_order != ss.shard_order:
-        dst = DTensorSpec(vs.mesh, ss.placements, vs.tensor_meta, ss.shard_order)
-        value = wrap(redistribute_local(_plat(value), _local(value), vs, dst), dst)
-    new = _local(value).detach()
+    spec, new = value._spec, _local(value).detach()
+    ss = self._spec
+    if spec.placements != ss.placements or spec.shard_order != ss.shard_order:
+        # internal: a Partial target is allowed here (DTensor.redistribute refuses it, as PyTorch)
+        dst = DTensorSpec(spec.mesh, ss.placements, spec.tensor_meta, ss.shard_order)
+        if spec.mesh.get_coordinate() is not None:
+            new = redistribute_local(spec.mesh.platform, new, spec, dst)
+        spec = dst
     with DisableTorchFunctionSubclass():
         T.data.__set__(self, new)
         real = self.__dict__.get("_hs_grad_of")
         if real is not None:  # self is a parameter's .grad view: set the gradient itself
             T.data.__set__(real, new)
-    self._spec = value._spec  # the new data's dtype (nn.Module.to(dtype) sets .data)
+    self._spec = spec  # the new data's dtype (nn.Module.to(dtype) sets .data)
     self.__dict__.pop("_grad_wrapper", None)
 
 

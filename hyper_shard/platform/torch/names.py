@@ -59,11 +59,23 @@ def torch_op_name(func: Any) -> str:
         name = None
     if name is not None:
         return name
-    if getattr(func, "__name__", None) in ("__get__", "__set__", "__delete__"):
+    if isinstance(func, torch._ops.OpOverloadPacket):  # torch.ops.aten.linalg_vector_norm
+        ns, _, op = func._qualified_op_name.partition("::")
+        return f"torch.ops.{ns}.{op}"
+    if isinstance(func, torch._ops.OpOverload):  # torch.ops.aten.linalg_vector_norm.default
+        ns, _, op = func.name().partition("::")
+        return f"torch.ops.{ns}.{op}.{func._overloadname}"
+    fname = getattr(func, "__name__", None)
+    if fname in ("__get__", "__set__", "__delete__"):
         desc = getattr(func, "__self__", None)
         return f"Tensor.{getattr(desc, '__name__', '?')}.{func.__name__}"
     mod = getattr(func, "__module__", None) or ""
-    return f"{mod + '.' if mod else ''}{getattr(func, '__qualname__', repr(func))}"
+    qual = getattr(func, "__qualname__", None) or fname or repr(func)
+    if qual.startswith("_VariableFunctionsClass."):  # torch's own builtins: torch.<name>
+        return f"torch.{qual.split('.', 1)[1]}"
+    if "pybind11" in qual or "pybind11" in mod:  # never name an internal binding
+        return f"{mod + '.' if mod else ''}{fname or repr(func)}"
+    return f"{mod + '.' if mod else ''}{qual}"
 
 
 def _getattr_chain(obj: Any, parts: list[str], name: str, where: str) -> Any:

@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 
 from ....dispatch.op import Binder
-from ....errors import ShardingError
 from . import all_reduce, all_reduce_sum
 
 __all__ = ["GlobalMeanLoss", "ClassParallelLoss", "ShardedLogSoftmax", "sharded_log_softmax"]
@@ -178,6 +177,8 @@ class ClassParallelLoss:
         "batch_groups",
         "reduction",
         "prob_count",
+        "gather_specs",
+        "class_coord0",
     )
 
     def __init__(
@@ -198,6 +199,10 @@ class ClassParallelLoss:
         self.class_dim, self.class_offset, self.n_classes = class_dim, class_offset, n_classes
         self.class_groups, self.batch_groups = tuple(class_groups), tuple(batch_groups)
         self.reduction, self.prob_count = reduction, prob_count
+        #: outside loss_parallel(): the decided specs of input/target/weight (to gather
+        #: their class dim) and whether this rank is class coordinate 0 (loss_gather.py)
+        self.gather_specs: dict[str, Any] = {}
+        self.class_coord0 = True
 
     def __repr__(self) -> str:
         return (
@@ -208,13 +213,14 @@ class ClassParallelLoss:
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         from ....rules.loss import loss_parallel_enabled
 
-        if not loss_parallel_enabled():
-            raise ShardingError(
-                f"{self.describe}: the input is sharded on its class dim {self.class_dim}; "
-                f"compute the loss inside `with hyper_shard.parallel.loss_parallel():` "
-                f"(vocab-parallel {self.kind}, no gather), or redistribute the input so the "
-                f"class dim is Replicate (e.g. .redistribute(mesh, [Replicate()])) first"
-            )
+        if not loss_parallel_enabled():  # as PyTorch: gather the classes (hint once)
+            from .loss_gather import gathered_loss
+
+            return gathered_loss(self, args, kwargs)
+        return self.compute(args, kwargs)
+
+    def compute(self, args: tuple, kwargs: dict) -> torch.Tensor:
+        """The loss from the (local) arguments, classes ``[class_offset, ...)`` local."""
         x, t, w, ii, ls = _args(self.binder, args, kwargs)
         # autocast runs cross_entropy/nll_loss in float32 (torch's autocast op lists);
         # this kernel is made of other ops, so it applies that policy itself

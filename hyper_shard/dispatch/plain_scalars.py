@@ -1,0 +1,78 @@
+"""Plain one-element tensors next to DTensors, taken as ``Replicate`` (as PyTorch DTensor).
+
+PyTorch DTensor accepts a plain tensor of one element mixed with DTensors (``x *
+torch.tensor([2.0])``, a ``(1, 1)`` scale) by reading it as a replicated DTensor; it warns
+for the one-dimensional form. hyper_shard does the same: such a tensor becomes an alias
+``Replicate`` DTensor on the mesh of the call's first DTensor before the layout is
+decided, so the rule sees its shape (a ``(1, 1, 1)`` tensor can add dims by broadcasting).
+A 0-d plain tensor keeps its older reading, a scalar argument, which is the same for every
+rule. Larger plain tensors still raise unless inside ``implicit_replication()``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["replicate_one_element"]
+
+_WARNING = (
+    "Found a non-scalar tensor with numel=1 and ndim!=0, we are implicitly creating a "
+    "replicated DTensor for it. However, please consider changing it to a scalar tensor or "
+    "explicitly create a DTensor under distributed environment."
+)
+
+
+def replicate_one_element(
+    plat: Any, is_dt: Callable[[Any], bool], args: tuple, kwargs: dict
+) -> tuple[tuple, dict]:
+    """``args``/``kwargs`` with every plain tensor of one element and rank >= 1 (top level or
+    in a list/tuple; never ``out=``) replaced by a ``Replicate`` DTensor alias on the mesh of
+    the first DTensor argument. Unchanged when there is no such tensor or no DTensor."""
+    plain = plat.is_tensor
+    mesh = None
+    found = False
+
+    def scan(a: Any) -> None:
+        nonlocal mesh, found
+        if is_dt(a):
+            if mesh is None:
+                mesh = a._spec.mesh
+        elif type(a) in (list, tuple):
+            for x in a:
+                scan(x)
+        elif plain(a):
+            shape = plat.shape(a)
+            if shape and math.prod(shape) == 1:
+                found = True
+
+    for a in args:
+        scan(a)
+    for k, v in kwargs.items():
+        if k != "out":
+            scan(v)
+    if mesh is None or not found:
+        return args, kwargs
+    from ..placement import Replicate
+    from ..spec import DTensorSpec
+
+    reps = [Replicate()] * mesh.ndim
+
+    def conv(a: Any) -> Any:
+        if is_dt(a):
+            return a
+        if type(a) in (list, tuple):
+            return type(a)(conv(x) for x in a)
+        if plain(a):
+            shape = plat.shape(a)
+            if shape and math.prod(shape) == 1:
+                if len(shape) == 1:
+                    warnings.warn(_WARNING, stacklevel=5)
+                return plat.wrap(a, DTensorSpec(mesh, reps, plat.tensor_meta(a)))
+        return a
+
+    return tuple(conv(a) for a in args), {
+        k: (v if k == "out" else conv(v)) for k, v in kwargs.items()
+    }
