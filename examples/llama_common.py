@@ -14,7 +14,17 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-__all__ = ["stdlib_text", "llama_tp_plan", "add_common_args", "validate", "report", "write_plot"]
+__all__ = [
+    "stdlib_text",
+    "llama_tp_plan",
+    "add_common_args",
+    "resolve_layout",
+    "mode_name",
+    "layout_text",
+    "validate",
+    "report",
+    "write_plot",
+]
 
 
 # ---------------------------------------------------------------------------- data
@@ -122,18 +132,63 @@ def add_common_args(ap: argparse.ArgumentParser, out_dir: Path) -> None:
     )
 
 
+def resolve_layout(args: argparse.Namespace, world: int) -> None:
+    """Set ``args.dp`` and ``args.tp`` for ``world`` ranks: both given (their product must
+    be ``world``), one given (the other fills the world), or none (tensor parallelism over
+    every rank, the default; a job without ``--dp``/``--tp`` flags gets that).
+
+    Raises:
+        SystemExit: sizes that do not multiply to ``world``.
+    """
+    dp, tp = getattr(args, "dp", None), getattr(args, "tp", None)
+    given = (dp, tp)
+    if dp is None and tp is None:
+        dp, tp = 1, world
+    elif dp is None:
+        dp = world // tp if tp and world % tp == 0 else 0
+    elif tp is None:
+        tp = world // dp if dp and world % dp == 0 else 0
+    if dp < 1 or tp < 1 or dp * tp != world:
+        raise SystemExit(
+            f"--dp {given[0]} x --tp {given[1]} does not fill {world} ranks; choose sizes whose "
+            f"product is the number of ranks (--nproc, or torchrun's world size)"
+        )
+    args.dp, args.tp = dp, tp
+
+
+def mode_name(args: argparse.Namespace) -> str:
+    """``TP``, ``FSDP`` or ``FSDPxTP`` (for the progress bar, the table and the plot)."""
+    if getattr(args, "dp", 1) == 1:
+        return "TP"
+    return "FSDP" if args.tp == 1 else "FSDPxTP"
+
+
+def layout_text(args: argparse.Namespace) -> str:
+    """``TP over 2 ranks`` / ``FSDP over 2 ranks`` / ``FSDP (dp 2) x TP (tp 2) over 4 ranks``."""
+    if args.dp == 1:
+        return f"TP over {args.tp} ranks"
+    if args.tp == 1:
+        return f"FSDP over {args.dp} ranks"
+    return f"FSDP (dp {args.dp}) x TP (tp {args.tp}) over {args.dp * args.tp} ranks"
+
+
 def validate(args: argparse.Namespace, world: int) -> None:
-    """Exit with a message if the config cannot be split over ``world`` ranks."""
+    """Resolve ``--dp``/``--tp`` (:func:`resolve_layout`), then exit with a message if the
+    config cannot be split over them."""
+    resolve_layout(args, world)
+    tp = args.tp
     if args.hidden % args.heads or args.heads % args.kv_heads:
         raise SystemExit(
             f"--hidden {args.hidden} must be a multiple of --heads {args.heads}, and --heads a "
             f"multiple of --kv-heads {args.kv_heads}"
         )
     for name, n in (("--heads", args.heads), ("--kv-heads", args.kv_heads), ("--ffn", args.ffn)):
-        if n % world:
-            raise SystemExit(f"{name} {n} must be divisible by the number of ranks {world}")
-    if args.sp and args.seq % world:
-        raise SystemExit(f"--seq {args.seq} must be divisible by {world} ranks with --sp")
+        if n % tp:
+            raise SystemExit(f"{name} {n} must be divisible by the tensor-parallel size {tp}")
+    if args.sp and args.seq % tp:
+        raise SystemExit(f"--seq {args.seq} must be divisible by {tp} ranks with --sp")
+    if args.batch % args.dp:
+        raise SystemExit(f"--batch {args.batch} must be divisible by --dp {args.dp}")
 
 
 # ---------------------------------------------------------------------------- report
@@ -155,9 +210,11 @@ def report(
     n = len(tp["losses"])
     every = max(1, args.table_every or n // 12)
     rows = sorted(set(range(0, n, every)) | {n - 1})
+    name = mode_name(args)
+    wl, wt = max(10, len(name) + 5), max(9, len(name) + 6)  # column widths
     print(
-        f"\n{'step':>5} {'TP loss':>10} {'single loss':>12} {'rel diff':>9} "
-        f"{'TP tok/s':>9} {'single tok/s':>13}"
+        f"\n{'step':>5} {name + ' loss':>{wl}} {'single loss':>12} {'rel diff':>9} "
+        f"{name + ' tok/s':>{wt}} {'single tok/s':>13}"
     )
     worst, worst_step = 0.0, 0
     for i, (a, b) in enumerate(zip(tp["losses"], single["losses"])):
@@ -168,7 +225,7 @@ def report(
         a, b = tp["losses"][i], single["losses"][i]
         rel = abs(a - b) / max(abs(b), 1e-12)
         print(
-            f"{start + i:>5} {a:>10.5f} {b:>12.5f} {rel:>9.1e} {tok / tp['times'][i]:>9.0f} "
+            f"{start + i:>5} {a:>{wl}.5f} {b:>12.5f} {rel:>9.1e} {tok / tp['times'][i]:>{wt}.0f} "
             f"{tok / single['times'][i]:>13.0f}"
         )
     steady = slice(1, None) if n > 1 else slice(None)
@@ -178,17 +235,17 @@ def report(
     resumed = f" (resumed at step {start} from {getattr(args, 'resume', None)})" if start else ""
     print(
         f"\nLlama {args.layers}x{args.hidden} (ffn {args.ffn}, {args.heads} heads / "
-        f"{args.kv_heads} kv), batch {args.batch}x{args.seq} bytes, {n} steps{resumed}, TP over "
-        f"{world} ranks{sp}"
+        f"{args.kv_heads} kv), batch {args.batch}x{args.seq} bytes, {n} steps{resumed}, "
+        f"{layout_text(args)}{sp}"
     )
     tail = tp["losses"][-10:]
     print(
         f"loss {tp['losses'][0]:.4f} -> {tp['losses'][-1]:.4f} (mean of the last {len(tail)} "
-        f"steps {sum(tail) / len(tail):.4f}); max relative loss difference TP vs single device "
-        f"{worst:.2e} (step {start + worst_step})"
+        f"steps {sum(tail) / len(tail):.4f}); max relative loss difference {name} vs single "
+        f"device {worst:.2e} (step {start + worst_step})"
     )
     print(
-        f"throughput (steps 1..): TP {tp_rate:.0f} tok/s, single device {one_rate:.0f} tok/s; "
+        f"throughput (steps 1..): {name} {tp_rate:.0f} tok/s, single device {one_rate:.0f} tok/s; "
         f"wall time {wall:.1f}s"
     )
     plot = write_plot(args, world, tp, single, title=title, stem=stem)
@@ -197,7 +254,8 @@ def report(
     if args.check:
         if worst > args.rtol:
             print(
-                f"--check FAILED: step {start + worst_step} TP loss {tp['losses'][worst_step]:.6f} vs "
+                f"--check FAILED: step {start + worst_step} {name} loss "
+                f"{tp['losses'][worst_step]:.6f} vs "
                 f"single-device {single['losses'][worst_step]:.6f} (relative {worst:.2e} > "
                 f"{args.rtol:.0e})"
             )
@@ -223,16 +281,19 @@ def write_plot(
     import matplotlib.pyplot as plt
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    path = args.out_dir / f"{stem}{'_sp' if args.sp else ''}_loss.png"
+    dp = f"_dp{args.dp}" if args.dp > 1 else ""
+    path = args.out_dir / f"{stem}{dp}{'_sp' if args.sp else ''}_loss.png"
     start = tp.get("start", 0)
     steps = range(start, start + len(tp["losses"]))
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     ax.plot(steps, single["losses"], label="single device", linewidth=3, alpha=0.45)
-    ax.plot(steps, tp["losses"], label=f"tensor parallel, {world} ranks", linewidth=1.2)
+    ax.plot(steps, tp["losses"], label=layout_text(args), linewidth=1.2)
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats / byte)")
     sp = " + SP" if args.sp else ""
-    ax.set_title(f"{title} {args.layers}x{args.hidden}, byte-level stdlib docstrings (TP{sp})")
+    ax.set_title(
+        f"{title} {args.layers}x{args.hidden}, byte-level stdlib docstrings ({mode_name(args)}{sp})"
+    )
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

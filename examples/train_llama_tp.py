@@ -15,12 +15,20 @@ the row-parallel outputs are reduce-scattered over the sequence.
 The same model is also trained in one process from the same seed on the same batches;
 the losses are printed side by side and plotted.
 
+``--dp N`` adds fully sharded data parallelism (``hyper_shard.fsdp.fully_shard``, the
+PyTorch FSDP2 API) on a ``("dp", "tp")`` mesh: each decoder layer and then the root is one
+FSDP unit on ``mesh["dp"]``, the tensor-parallel plan runs on ``mesh["tp"]``, every dp rank
+trains on its slice of each batch, and parameters, gradients and AdamW state are sharded
+over dp too (2-D DTensors on the whole mesh).
+
 ``--save DIR`` writes the model, the AdamW state and the step count with
 ``hyper_shard.checkpoint`` after the last step; ``--resume DIR`` loads them into this run's
 layout (any number of ranks) and trains the remaining steps up to ``--steps``: its losses
 are compared with the single-process run's at the same steps.
 
     python examples/train_llama_tp.py                 # spawns 2 CPU ranks (gloo, 127.0.0.1)
+    python examples/train_llama_tp.py --dp 2 --tp 2 --check   # FSDP x TP on 4 CPU ranks
+    python examples/train_llama_tp.py --dp 2 --tp 1   # FSDP alone on 2 ranks
     python examples/train_llama_tp.py --check         # fail if a loss differs by > 1e-4 (rel)
     python examples/train_llama_tp.py --sp --steps 50 # sequence parallel too
     python examples/train_llama_tp.py --steps 100 --save ckpt              # checkpoint at the end
@@ -38,6 +46,7 @@ import sysconfig
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,7 +57,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama_common import (  # noqa: E402  (the examples directory first on the path)
     add_common_args,
     llama_tp_plan,
+    mode_name,
     report,
+    resolve_layout,
     stdlib_text,
     validate,
 )
@@ -104,36 +115,72 @@ def sync(device: torch.device) -> None:
         torch.npu.synchronize()  # type: ignore[attr-defined]
 
 
+def parallelize(args: argparse.Namespace, model: torch.nn.Module, device: torch.device) -> Any:
+    """Tensor parallelism on ``mesh["tp"]`` (when ``--tp`` > 1), then FSDP units on
+    ``mesh["dp"]`` (each decoder layer, then the root; when ``--dp`` > 1). Returns the
+    mesh: ``("tp",)`` alone, else ``("dp", "tp")``."""
+    from hyper_shard import Replicate, Shard, init_device_mesh
+    from hyper_shard import parallel as hp
+
+    if args.dp == 1:
+        mesh = init_device_mesh(device.type, (args.tp,), mesh_dim_names=("tp",))
+    else:
+        mesh = init_device_mesh(device.type, (args.dp, args.tp), mesh_dim_names=("dp", "tp"))
+    if args.tp > 1:
+        hp.parallelize_module(model, mesh["tp"], llama_tp_plan(args.sp, hp, Replicate, Shard))
+    if args.dp > 1:
+        from hyper_shard.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    return mesh
+
+
 def train_tp(args: argparse.Namespace, data: torch.Tensor, device: torch.device) -> dict:
-    """Train with tensor parallelism over all ranks; every rank returns the losses."""
+    """Train with tensor parallelism (and FSDP with ``--dp``) over all ranks; every rank
+    returns the losses (the mean over the data-parallel ranks)."""
     from tqdm import tqdm
 
-    from hyper_shard import DTensor, Replicate, Shard, init_device_mesh
+    from hyper_shard import DTensor, Replicate
     from hyper_shard import parallel as hp
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("tp",))
+    resolve_layout(args, world)
     model = build_model(args).to(device)
-    hp.parallelize_module(model, mesh, llama_tp_plan(args.sp, hp, Replicate, Shard))
+    mesh = parallelize(args, model, device)
+    dp_rank = mesh.get_local_rank("dp") if args.dp > 1 else 0
+    dp_group = mesh.get_group("dp") if args.dp > 1 else None
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     start = resume(args, model, opt)
     pos = torch.arange(args.seq, device=device)[None]  # global positions (needed under --sp)
     losses, times = [], []
-    bar = tqdm(total=args.steps - start, desc=f"TP x{world}", unit="step", disable=rank != 0)
+    desc = f"{mode_name(args)} x{world}"
+    bar = tqdm(total=args.steps - start, desc=desc, unit="step", disable=rank != 0)
     for i, (x, y) in enumerate(batches(data, args.steps, args.batch, args.seq, args.seed + 1)):
         if i < start:
             continue  # the batches of the steps the checkpoint has done
-        x, y = x.to(device), y.to(device)
+        x, y = x.chunk(args.dp)[dp_rank].to(device), y.chunk(args.dp)[dp_rank].to(device)
         sync(device)
         t0 = time.perf_counter()
         logits = model(input_ids=x, position_ids=pos).logits  # DTensor [b, s, V], Shard(-1)
-        target = DTensor.from_local(y.flatten(), mesh, [Replicate()])
-        with hp.loss_parallel():
-            loss = F.cross_entropy(logits.flatten(0, 1), target)
+        if args.tp > 1:
+            target = DTensor.from_local(y.flatten(), mesh["tp"], [Replicate()])
+            with hp.loss_parallel():
+                loss = F.cross_entropy(logits.flatten(0, 1), target)
+                loss.backward()
+            local = loss.detach().full_tensor()
+        else:
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
             loss.backward()
+            local = loss.detach()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        value = loss.detach().full_tensor().item()
+        if dp_group is not None:  # the mean over the dp ranks (equal slices: the batch mean)
+            local = local.clone()
+            dist.all_reduce(local, group=dp_group)
+            local /= args.dp
+        value = local.item()
         sync(device)
         times.append(time.perf_counter() - t0)
         losses.append(value)
@@ -279,6 +326,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--resume", type=Path, default=None, help="go on from a --save DIR (any layout)"
     )
+    # FSDP (hyper_shard.fsdp.fully_shard) x TP on a ("dp", "tp") mesh
+    ap.add_argument(
+        "--dp", type=int, default=None, help="FSDP ranks (default 1; --dp x --tp ranks)"
+    )
+    ap.add_argument(
+        "--tp", type=int, default=None, help="tensor-parallel ranks (default: the rest)"
+    )
     return ap.parse_args(argv)
 
 
@@ -290,6 +344,8 @@ def main(argv: list[str] | None = None) -> None:
             torch.set_num_threads(1)
         dist.init_process_group(backend)
         sys.exit(run(args, device))
+    if args.dp is not None and args.tp is not None:
+        args.nproc = args.dp * args.tp
     validate(args, args.nproc)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -365,15 +365,18 @@ def _format(dt: Any) -> str:
 # ---------------------------------------------------------------------- helpers
 def redistribute_local(plat: Platform, local: Any, src: DTensorSpec, dst: DTensorSpec) -> Any:
     """Redistribute a local shard from ``src`` to ``dst`` placements (autograd-aware)."""
-    plan = plan_redistribute(src, dst.placements)
+    plan = plan_redistribute(src, dst.placements, shard_order=dst.shard_order)
     if not plan.steps:
         return local
     return redistribute_with_plan(plat, local, src, plan)
 
 
-def _redistribute_plain(plat: Platform, g: Any, spec: DTensorSpec, dst: Sequence[Placement]) -> Any:
-    """Redistribute a gradient (no autograd) from ``spec``'s placements to ``dst``."""
-    plan = plan_redistribute(spec, dst)
+def _redistribute_plain(
+    plat: Platform, g: Any, spec: DTensorSpec, dst: Sequence[Placement], shard_order: Any = "keep"
+) -> Any:
+    """Redistribute a gradient (no autograd) from ``spec``'s placements to ``dst`` (shard
+    order as :func:`plan_redistribute`)."""
+    plan = plan_redistribute(spec, dst, shard_order=shard_order)
     return execute_plan(plat, g, spec, plan) if plan.steps else g
 
 
@@ -467,6 +470,7 @@ def distribute_tensor(
     placements: Sequence[Placement] | None = None,
     *,
     src_data_rank: int | None = 0,
+    shard_order: Any = None,
 ) -> Any:
     """Shard a full tensor (present on every rank) over ``device_mesh`` (as PyTorch's
     ``distribute_tensor``).
@@ -484,6 +488,9 @@ def distribute_tensor(
             avg/max/min).
         src_data_rank: the mesh's flat index whose data everyone takes (broadcast along
             every mesh dim), or None to use each rank's own tensor without communication.
+        shard_order: the split order of tensor dims sharded by several mesh dims, as
+            ``(tensor_dim, mesh_dims)`` entries (default: left to right; see
+            :class:`~hyper_shard.spec.DTensorSpec`).
 
     Returns:
         A leaf DTensor with ``requires_grad`` as ``tensor``'s. On a rank outside the mesh
@@ -524,7 +531,7 @@ def distribute_tensor(
     shape = plat.shape(tensor)
     meta = plat.tensor_meta(tensor, shape)
     req = plat.requires_grad(tensor)
-    spec = DTensorSpec(device_mesh, placements, meta)
+    spec = DTensorSpec(device_mesh, placements, meta, shard_order)
     if device_mesh.get_coordinate() is None:
         from ._creation import empty_local
 
@@ -542,7 +549,7 @@ def distribute_tensor(
                     full = plat.broadcast(full, src_coord[m], device_mesh._group(m))
         finally:
             frames.pop()
-    local = _redistribute_plain(plat, full, rspec, spec.placements)
+    local = _redistribute_plain(plat, full, rspec, spec.placements, spec.shard_order)
     return plat.make_leaf(plat.contiguous(local), spec, req)
 
 

@@ -111,6 +111,9 @@ class DeviceMesh:
         self._key = (device_type, shape, ranks, mesh_dim_names)
         self._hash = hash(self._key)
         self._platform: Platform | None = None
+        #: the mesh this one was sliced from (None for a root mesh) and its dims there
+        self._root: DeviceMesh | None = None
+        self._root_dims: tuple[int, ...] = tuple(range(len(shape)))
         if _abstract:
             self._rank = ranks[0] if _rank is None else _rank
         else:
@@ -337,8 +340,18 @@ class DeviceMesh:
         dims = [self._dim_index(n) for n in names]
         if len(set(dims)) != len(dims):
             raise ValueError(f"mesh[{names}]: a dimension is named twice")
+        return self._sub(dims)
+
+    def _sub(self, dims: Sequence[int]) -> DeviceMesh:
+        """The sub-mesh over mesh dims ``dims`` (in that order) containing this rank; it
+        reuses this mesh's groups and remembers the root mesh and its dims there
+        (``_root``, ``_root_dims``), so sub-meshes of one mesh can be composed again."""
+        dims = list(dims)
         if self._coordinate is None:
             raise RuntimeError(f"rank {self._rank} is not in {self!r}")
+        names = (
+            tuple(self.mesh_dim_names[d] for d in dims) if self.mesh_dim_names is not None else None
+        )
         coord = list(self._coordinate)
         sub_shape = [self._shape[d] for d in dims]
         ranks = []
@@ -354,12 +367,16 @@ class DeviceMesh:
         sub.__init__(  # type: ignore[misc]
             self.device_type,
             nested,
-            mesh_dim_names=names if self.mesh_dim_names is not None else None,
+            mesh_dim_names=names,
             _rank=self._rank,
             _groups=groups,
             _abstract=True,
         )
         sub._platform = self._platform
+        root = self._root if self._root is not None else self
+        root_dims = self._root_dims if self._root is not None else tuple(range(self.ndim))
+        sub._root = root
+        sub._root_dims = tuple(root_dims[d] for d in dims)
         return sub
 
     # ------------------------------------------------------------------ identity

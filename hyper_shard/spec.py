@@ -3,8 +3,13 @@
 Local shapes and global offsets follow ``torch.chunk`` semantics, as PyTorch DTensor:
 along a sharded tensor dim of extent ``E`` split over ``k`` ranks, every chunk holds
 ``ceil(E / k)`` elements except the last non-empty one; trailing chunks may be empty.
-When several mesh dims shard the same tensor dim, they split it left to right: the
-leftmost mesh dim splits the whole extent, the next one splits each piece, and so on.
+When several mesh dims shard the same tensor dim, they split it in its *shard order*: by
+default left to right (the leftmost mesh dim splits the whole extent, the next one splits
+each piece, and so on). A spec may give another order per tensor dim (``shard_order``, as
+PyTorch DTensor's ``ShardOrderEntry``): FSDP over tensor parallelism shards a weight that
+``tp`` (mesh dim 1) already split along dim 0 again along dim 0 over ``dp`` (mesh dim 0),
+so ``tp`` splits first: ``shard_order=((0, (1, 0)),)``. The order decides which rows a rank
+holds, never how many (nested ``ceil`` sizes do not depend on it).
 
 The MindSpore "alias" form (device matrix, alias names, tensor_map) converts both ways.
 
@@ -23,6 +28,8 @@ from .placement import Partial, Placement, Replicate, Shard, normalize_placement
 __all__ = [
     "TensorMeta",
     "DTensorSpec",
+    "ShardOrderEntry",
+    "ShardOrder",
     "AliasLayout",
     "chunk_sizes",
     "compute_local_shape_and_offset",
@@ -100,11 +107,91 @@ def chunk_sizes(extent: int, n: int) -> list[int]:
     return [max(0, min(c, extent - i * c)) for i in range(n)]
 
 
+class ShardOrderEntry(NamedTuple):
+    """How one tensor dim is split (as PyTorch DTensor's ``ShardOrderEntry``).
+
+    Attributes:
+        tensor_dim: the tensor dim.
+        mesh_dims: the mesh dims that shard it, in the order they split it (the first
+            splits the whole extent, the next each of its pieces...).
+    """
+
+    tensor_dim: int
+    mesh_dims: tuple[int, ...]
+
+
+#: per tensor dim whose split order is not left to right, its entry (sorted by tensor dim)
+ShardOrder = tuple[ShardOrderEntry, ...]
+
+
+def default_split_orders(placements: Sequence[Placement], ndim: int) -> list[list[int]]:
+    """Per tensor dim, the mesh dims sharding it left to right."""
+    out: list[list[int]] = [[] for _ in range(ndim)]
+    for m, p in enumerate(placements):
+        if type(p) is Shard:
+            out[p.dim].append(m)
+    return out
+
+
+def normalize_shard_order(
+    placements: Sequence[Placement], ndim: int, shard_order: Any
+) -> ShardOrder | None:
+    """A shard order in canonical form: only the entries that are not left to right,
+    sorted by tensor dim; None when every tensor dim splits left to right.
+
+    Args:
+        placements: normalised placements.
+        ndim: the tensor's rank.
+        shard_order: None, or entries ``(tensor_dim, mesh_dims)`` (``ShardOrderEntry`` or
+            pairs); tensor dims not listed split left to right.
+
+    Raises:
+        ValueError: an entry whose mesh dims are not exactly the mesh dims that shard its
+            tensor dim, or a tensor dim listed twice.
+    """
+    if not shard_order:
+        return None
+    default = default_split_orders(placements, ndim)
+    seen: set[int] = set()
+    out = []
+    for entry in shard_order:
+        d, mdims = int(entry[0]), tuple(int(m) for m in entry[1])
+        if d < 0:
+            d += ndim
+        if not 0 <= d < ndim or d in seen:
+            raise ValueError(
+                f"shard_order: tensor dim {entry[0]} is out of range or listed twice "
+                f"({list(shard_order)})"
+            )
+        seen.add(d)
+        if sorted(mdims) != default[d]:
+            raise ValueError(
+                f"shard_order: tensor dim {d} is sharded by mesh dims {default[d]} (placements "
+                f"{[str(p) for p in placements]}); its entry must list exactly those, in the "
+                f"order they split it, got {list(mdims)}"
+            )
+        if list(mdims) != default[d]:
+            out.append(ShardOrderEntry(d, mdims))
+    return tuple(sorted(out)) or None
+
+
+def split_orders(
+    placements: Sequence[Placement], ndim: int, shard_order: ShardOrder | None
+) -> list[list[int]]:
+    """Per tensor dim, the mesh dims sharding it in the order they split it."""
+    orders = default_split_orders(placements, ndim)
+    if shard_order:
+        for d, mdims in shard_order:
+            orders[d] = list(mdims)
+    return orders
+
+
 def compute_local_shape_and_offset(
     global_shape: Sequence[int],
     mesh_shape: Sequence[int],
     placements: Sequence[Placement],
     coordinate: Sequence[int],
+    shard_order: ShardOrder | None = None,
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Local shape and global offset of the shard held at mesh ``coordinate``.
 
@@ -113,6 +200,7 @@ def compute_local_shape_and_offset(
         mesh_shape: the mesh shape.
         placements: normalised placements (``Shard.dim >= 0``), one per mesh dim.
         coordinate: the mesh coordinate of the rank.
+        shard_order: the canonical shard order (None: every tensor dim left to right).
 
     Returns:
         ``(local_shape, global_offset)``; an empty shard has offset equal to the end of
@@ -120,6 +208,14 @@ def compute_local_shape_and_offset(
     """
     shape = list(global_shape)
     offset = [0] * len(shape)
+    if shard_order:
+        for d, mdims in enumerate(split_orders(placements, len(shape), shard_order)):
+            for m in mdims:
+                sizes = chunk_sizes(shape[d], mesh_shape[m])
+                c = coordinate[m]
+                offset[d] += sum(sizes[:c])
+                shape[d] = sizes[c]
+        return tuple(shape), tuple(offset)
     for m, p in enumerate(placements):
         if type(p) is Shard:
             sizes = chunk_sizes(shape[p.dim], mesh_shape[m])
@@ -136,15 +232,21 @@ class DTensorSpec:
         mesh: the DeviceMesh (abstract or concrete).
         placements: one placement per mesh dim; negative shard dims are normalised.
         tensor_meta: the global shape, stride, dtype and itemsize.
+        shard_order: the split order of tensor dims sharded by several mesh dims, as
+            entries ``(tensor_dim, mesh_dims)``; unlisted dims split left to right (see the
+            module docstring). Kept in canonical form (:func:`normalize_shard_order`):
+            None when every dim splits left to right.
 
     Raises:
-        ValueError / IndexError / TypeError: placements that do not fit the mesh or tensor.
+        ValueError / IndexError / TypeError: placements that do not fit the mesh or tensor,
+            or a shard order that does not fit the placements.
     """
 
     __slots__ = (
         "mesh",
         "placements",
         "tensor_meta",
+        "shard_order",
         "key",
         "_hash",
         "_local_shape",
@@ -153,14 +255,29 @@ class DTensorSpec:
     )
 
     def __init__(
-        self, mesh: DeviceMesh, placements: Sequence[Placement], tensor_meta: TensorMeta
+        self,
+        mesh: DeviceMesh,
+        placements: Sequence[Placement],
+        tensor_meta: TensorMeta,
+        shard_order: Any = None,
     ) -> None:
         self.mesh = mesh
         self.placements: tuple[Placement, ...] = normalize_placements(
             placements, mesh.ndim, len(tensor_meta.shape)
         )
         self.tensor_meta = tensor_meta
-        self.key = (mesh._key, self.placements, tensor_meta.shape, tensor_meta.dtype)
+        self.shard_order: ShardOrder | None = (
+            normalize_shard_order(self.placements, len(tensor_meta.shape), shard_order)
+            if shard_order
+            else None
+        )
+        self.key = (
+            mesh._key,
+            self.placements,
+            tensor_meta.shape,
+            tensor_meta.dtype,
+            self.shard_order,
+        )
         self._hash = hash(self.key)
         self._local_shape: tuple[int, ...] | None = None
         self._offset: tuple[int, ...] | None = None
@@ -185,9 +302,43 @@ class DTensorSpec:
     def stride(self) -> tuple[int, ...]:
         return self.tensor_meta.stride
 
-    def with_placements(self, placements: Sequence[Placement]) -> DTensorSpec:
-        """The same tensor on the same mesh with other placements."""
-        return DTensorSpec(self.mesh, placements, self.tensor_meta)
+    def with_placements(
+        self, placements: Sequence[Placement], shard_order: Any = "keep"
+    ) -> DTensorSpec:
+        """The same tensor on the same mesh with other placements.
+
+        Args:
+            shard_order: ``"keep"`` (default): a tensor dim sharded by the same mesh dims
+                as here keeps its split order, the others split left to right; or an
+                explicit order (None: left to right everywhere).
+        """
+        if shard_order == "keep":
+            shard_order = self._kept_order(placements) if self.shard_order else None
+        return DTensorSpec(self.mesh, placements, self.tensor_meta, shard_order)
+
+    def _kept_order(self, placements: Sequence[Placement]) -> ShardOrder | None:
+        pl = normalize_placements(placements, self.mesh.ndim, self.ndim)
+        new = default_split_orders(pl, self.ndim)
+        assert self.shard_order is not None
+        kept = [e for e in self.shard_order if sorted(e.mesh_dims) == new[e.tensor_dim]]
+        return tuple(kept) or None
+
+    def split_order(self, tensor_dim: int) -> tuple[int, ...]:
+        """The mesh dims sharding ``tensor_dim``, in the order they split it."""
+        if self.shard_order:
+            for d, mdims in self.shard_order:
+                if d == tensor_dim:
+                    return mdims
+        return tuple(self.shard_mesh_dims(tensor_dim))
+
+    @property
+    def full_shard_order(self) -> ShardOrder:
+        """Every sharded tensor dim's entry (as PyTorch's ``DTensorSpec.shard_order``)."""
+        return tuple(
+            ShardOrderEntry(d, tuple(ms))
+            for d, ms in enumerate(split_orders(self.placements, self.ndim, self.shard_order))
+            if ms
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DTensorSpec) and other.key == self.key
@@ -197,7 +348,13 @@ class DTensorSpec:
 
     def __repr__(self) -> str:
         pl = ", ".join(str(p) for p in self.placements)
-        return f"DTensorSpec(shape={list(self.shape)}, placements=[{pl}], mesh={self.mesh.shape})"
+        order = ""
+        if self.shard_order:
+            order = ", shard_order=" + ", ".join(f"{d}:{list(ms)}" for d, ms in self.shard_order)
+        return (
+            f"DTensorSpec(shape={list(self.shape)}, placements=[{pl}]{order}, "
+            f"mesh={self.mesh.shape})"
+        )
 
     # ------------------------------------------------------------------ sharding
     def is_replicated(self) -> bool:
@@ -222,12 +379,12 @@ class DTensorSpec:
                 if coord is None:
                     return (0,) * self.ndim, (0,) * self.ndim
                 self._local_shape, self._offset = compute_local_shape_and_offset(
-                    self.shape, self.mesh.shape, self.placements, coord
+                    self.shape, self.mesh.shape, self.placements, coord, self.shard_order
                 )
             assert self._offset is not None
             return self._local_shape, self._offset
         return compute_local_shape_and_offset(
-            self.shape, self.mesh.shape, self.placements, coordinate
+            self.shape, self.mesh.shape, self.placements, coordinate, self.shard_order
         )
 
     def local_shape(self, coordinate: Sequence[int] | None = None) -> tuple[int, ...]:
@@ -267,7 +424,7 @@ class DTensorSpec:
         names = self.mesh.mesh_dim_names or tuple(f"d{i}" for i in range(self.mesh.ndim))
         tmap: list[str | tuple[str, ...]] = []
         for d in range(self.ndim):
-            ms = [names[m] for m in self.shard_mesh_dims(d)]
+            ms = [names[m] for m in self.split_order(d)]
             tmap.append("None" if not ms else ms[0] if len(ms) == 1 else tuple(ms))
         partial = {
             names[m]: p.reduce_op for m, p in enumerate(self.placements) if type(p) is Partial
@@ -292,9 +449,9 @@ class DTensorSpec:
             partial: alias name -> reduce op for mesh dims holding partial values.
 
         Raises:
-            ValueError: unknown alias, a mesh dim used twice, a tuple whose order is not
-                left to right in the mesh (not representable with Shard placements), or a
-                partial mesh dim that also shards.
+            ValueError: unknown alias, a mesh dim used twice, or a partial mesh dim that
+                also shards. A tuple whose order is not left to right in the mesh becomes
+                the spec's ``shard_order``.
         """
         names = mesh.mesh_dim_names or tuple(f"d{i}" for i in range(mesh.ndim))
         if len(tensor_map) != len(tensor_meta.shape):
@@ -304,6 +461,7 @@ class DTensorSpec:
             )
         placements: list[Placement] = [Replicate()] * mesh.ndim
         used: set[int] = set()
+        order: list[tuple[int, tuple[int, ...]]] = []
         for d, entry in enumerate(tensor_map):
             if entry is None or entry == "None":
                 continue
@@ -320,10 +478,7 @@ class DTensorSpec:
                 used.add(m)
                 mdims.append(m)
             if mdims != sorted(mdims):
-                raise ValueError(
-                    f"from_alias: tensor dim {d} is split by {aliases} in an order that is not "
-                    f"left to right on the mesh {names}; reorder the mesh dims or the tuple"
-                )
+                order.append((d, tuple(mdims)))
             for m in mdims:
                 placements[m] = Shard(d)
         for a, op in (partial or {}).items():
@@ -335,7 +490,7 @@ class DTensorSpec:
             if m in used:
                 raise ValueError(f"from_alias: mesh dim {a!r} is both sharding and partial")
             placements[m] = Partial(op)
-        return cls(mesh, placements, tensor_meta)
+        return cls(mesh, placements, tensor_meta, tuple(order) or None)
 
 
 class AliasLayout(NamedTuple):

@@ -41,6 +41,19 @@ _.elements
 # set on DTensors for torch.nn.Parameter bookkeeping
 _._is_param
 
+# hyper_shard.fsdp: FSDP2's FSDPModule methods (users call them), the class swap
+# (module.__class__ = FSDP<Class>), layout queries the FSDP tests check the byte layout with
+_.set_requires_gradient_sync
+_.set_requires_all_reduce
+_.set_reshard_after_forward
+_.set_reshard_after_backward
+_.set_is_last_backward
+_.set_modules_to_forward_prefetch
+_.set_modules_to_backward_prefetch
+_.__class__
+_.row_start
+_.flat_index
+
 # hyper_shard.checkpoint: torch.distributed.checkpoint calls these (StorageWriter,
 # StorageReader, AsyncStager interfaces); the index fields are read by users; the module
 # __getattr__ serves the torch-only names lazily

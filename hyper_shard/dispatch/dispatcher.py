@@ -26,6 +26,7 @@ composite function into registered ones, or ``hyper_shard.config.fallback = "rep
 
 from __future__ import annotations
 
+import dataclasses
 import types
 import warnings
 from collections import OrderedDict
@@ -37,6 +38,7 @@ from ..flight.context import OpFrame, stack
 from ..redistribute.executor import redistribute_with_plan
 from . import switches
 from .op import BoundOp, Decision, OpCall, fmt_placements
+from .order import any_ordered, left_to_right_call_specs
 from .out_variant import write_out
 from .participation import outside_mesh_layout
 from .plain import describe, find_dtensors, replicate_plain
@@ -261,8 +263,14 @@ class Dispatcher:
     ) -> Decision:
         _STATS["misses"] += 1
         call = self._make_call(bound, func, args, kwargs, dts)
+        keeps: bool | None = None
+        rule_call = call
+        if any_ordered(call.specs):  # an input with a shard order (dispatch/order.py)
+            keeps = bound.op.keeps_shard_order
+            if not keeps:
+                rule_call = dataclasses.replace(call, specs=left_to_right_call_specs(call.specs))
         try:
-            layout = bound.op.infer_layout(call)
+            layout = bound.op.infer_layout(rule_call)
         except (ValueError, IndexError, TypeError) as e:
             # a rule's own shape/argument check: name the call and its placements (the
             # original error stays the cause: a bug inside a rule keeps its traceback)
@@ -272,7 +280,7 @@ class Dispatcher:
             raise
         if call.mesh.get_coordinate() is None:  # a rank outside the mesh: nothing runs
             layout = outside_mesh_layout(call, layout)
-        dec = Decision(call, layout)
+        dec = Decision(call, layout, keeps)
         _CACHE[key] = dec
         if len(_CACHE) > config.cache_size:
             _CACHE.popitem(last=False)

@@ -197,6 +197,8 @@ class Layout:
         overrides: canonical arg name -> rank-local value to pass instead (e.g. a view's
             local shape, a scalar zeroed on non-zero coordinates).
         cost: modelled redistribution cost (seconds).
+        out_sources: per output, the inputs whose shards it is made of (default: every
+            input); read only for inputs with a shard order (:mod:`.order`).
         view: a :class:`~hyper_shard.dispatch.views.ViewOf` when the outputs are views of
             the first DTensor input (as the framework's op returns views), else None.
     """
@@ -207,6 +209,7 @@ class Layout:
     impl: Callable | None = None
     overrides: dict[str, Any] | None = None
     cost: float = 0.0
+    out_sources: Sequence[Sequence[int]] | None = None
     view: Any = None
 
 
@@ -231,6 +234,10 @@ class DistributedOp:
     static_args: ClassVar[tuple[str, ...]] = ()
     #: number of output tensors (single_dim_strategies give this many output placements)
     n_outputs: ClassVar[int] = 1
+    #: the local kernel works on local data only and every output shard comes from an
+    #: input shard on the same mesh dims, so inputs with a shard order keep it and outputs
+    #: inherit it; otherwise the rule decides on left-to-right specs (see dispatch/order.py)
+    keeps_shard_order: ClassVar[bool] = False
 
     def __init__(self, name: str, params: BaseModel | dict[str, Any] | None = None) -> None:
         self.name = name
@@ -325,25 +332,30 @@ class Decision:
         "mesh",
         "cost",
         "layout",
+        "out_orders",
         "view",
         "link_views",
         "writes_back",
     )
 
-    def __init__(self, call: OpCall, layout: Layout) -> None:
+    def __init__(self, call: OpCall, layout: Layout, keeps_order: bool | None = None) -> None:
         self.mesh = call.mesh
         self.layout = layout
         self.cost = layout.cost
         self.plans: list[Plan | None] = []
         self.targets: list[DTensorSpec | None] = []
-        for spec, tgt in zip(call.specs, layout.inputs):
-            if tgt is None or tuple(tgt) == spec.placements:
-                self.plans.append(None)
-                self.targets.append(None)
-            else:
-                dst = spec.with_placements(tgt)
-                self.plans.append(plan_redistribute(spec, dst.placements))
-                self.targets.append(dst)
+        self.out_orders: list[Any] | None = None
+        if keeps_order is None:  # no input has a shard order
+            for spec, tgt in zip(call.specs, layout.inputs):
+                if tgt is None or tuple(tgt) == spec.placements:
+                    self.plans.append(None)
+                    self.targets.append(None)
+                else:
+                    dst = spec.with_placements(tgt)
+                    self.plans.append(plan_redistribute(spec, dst.placements))
+                    self.targets.append(dst)
+        else:
+            self._ordered(call, layout, keeps_order)
         self.needs_redist = any(t is not None for t in self.targets)
         self.outputs = [None if o is None else tuple(o) for o in layout.outputs]
         self.shapes = list(layout.shapes)
@@ -381,6 +393,29 @@ class Decision:
                     f"the out-of-place op"
                 )
 
+    def _ordered(self, call: OpCall, layout: Layout, keeps: bool) -> None:
+        """Targets and output orders when an input has a shard order (dispatch/order.py)."""
+        from .order import ordered_targets
+
+        if call.inplace and not keeps and call.specs[0].shard_order is not None:
+            raise ShardingError(
+                f"{call.describe()}: the in-place target has a shard order "
+                f"{call.specs[0].shard_order} this op's rule cannot keep; call it on "
+                f"x.redistribute(...) (a left-to-right copy) or use the out-of-place op"
+            )
+        dsts, self.out_orders = ordered_targets(
+            call.specs, layout.inputs, layout.outputs, keeps, layout.out_sources
+        )
+        for spec, dst in zip(call.specs, dsts):
+            if dst == spec:
+                self.plans.append(None)
+                self.targets.append(None)
+            else:
+                self.plans.append(
+                    plan_redistribute(spec, dst.placements, shard_order=dst.shard_order)
+                )
+                self.targets.append(dst)
+
     def out_spec(self, i: int, dtype: Any, itemsize: int) -> DTensorSpec:
         """The spec of output ``i`` for a local result of ``dtype`` (made once, then kept in
         :attr:`out_specs`)."""
@@ -391,7 +426,10 @@ class Decision:
             pl = self.outputs[i]
             assert shape is not None and pl is not None
             spec = DTensorSpec(
-                self.mesh, pl, TensorMeta(tuple(shape), contiguous_stride(shape), dtype, itemsize)
+                self.mesh,
+                pl,
+                TensorMeta(tuple(shape), contiguous_stride(shape), dtype, itemsize),
+                self.out_orders[i] if self.out_orders else None,
             )
             self.out_specs[key] = spec
         return spec

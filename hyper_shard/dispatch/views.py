@@ -56,7 +56,7 @@ class ViewCopySpec(DTensorSpec):
     __slots__ = ()
 
     def __init__(self, spec: DTensorSpec) -> None:
-        super().__init__(spec.mesh, spec.placements, spec.tensor_meta)
+        super().__init__(spec.mesh, spec.placements, spec.tensor_meta, spec.shard_order)
         self.key = (*self.key, "view-copy")  # type: ignore[assignment]
         self._hash = hash(self.key)
 

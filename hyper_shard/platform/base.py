@@ -178,9 +178,6 @@ class Platform:
     def squeeze(self, t: Any, dim: int) -> Any:
         raise NotImplementedError
 
-    def reshape(self, t: Any, shape: Sequence[int]) -> Any:
-        raise NotImplementedError
-
     def transpose(self, t: Any, dim0: int, dim1: int) -> Any:
         raise NotImplementedError
 
@@ -267,6 +264,105 @@ class Platform:
     def all_gather_object(self, obj: Any, group: Any, n: int) -> list[Any]:
         """Every rank's small python object, in group-rank order."""
         raise NotImplementedError
+
+    # ------------------------------------------------------------ flat buffers (FSDP)
+    # Used by :mod:`hyper_shard.fsdp`: one collective per unit over a flat 1-D buffer.
+    # Every "flat" tensor is 1-D and contiguous; chunks are in mesh-coordinate order.
+    def empty_flat(self, numel: int, dtype: Any, like: Any) -> Any:
+        """An uninitialised 1-D tensor of ``numel`` elements of ``dtype`` on ``like``'s
+        device (a plain tensor, outside autograd)."""
+        raise NotImplementedError
+
+    def reshape(self, t: Any, shape: Sequence[int]) -> Any:
+        """``t`` viewed with ``shape`` (same elements, row-major; a view where possible)."""
+        raise NotImplementedError
+
+    def copy_flat(self, dst: Any, src: Any) -> None:
+        """``dst[...] = src`` in place, element for element in row-major order (``dst``
+        contiguous; ``src`` cast to ``dst``'s dtype; same number of elements), outside
+        autograd."""
+        raise NotImplementedError
+
+    def pack_chunks(self, tensors: Sequence[Any], n: int, out: Any) -> None:
+        """Write every tensor's ``n`` dim-0 ``torch.chunk`` pieces, each padded to
+        ``ceil(rows / n)`` rows, rank-major into ``out`` (1-D, ``n * S`` elements): chunk
+        ``c`` of tensor ``i`` lands at ``c * S + offset_i``, offsets packed in order (the
+        reduce-scatter input of a unit). Pad elements are zero. Cast to ``out``'s dtype."""
+        S = self.shape(out)[0] // n
+        off = 0
+        for t in tensors:
+            shp = self.shape(t)
+            rows = shp[0]
+            row = 1
+            for s in shp[1:]:
+                row *= s
+            k = -(-rows // n) if rows else 0
+            start = 0
+            for c in range(n):
+                size = max(0, min(k, rows - c * k))
+                slot = self.narrow(out, 0, c * S + off, k * row)
+                if size:
+                    self.copy_flat(
+                        self.narrow(slot, 0, 0, size * row), self.narrow(t, 0, start, size)
+                    )
+                if size < k:
+                    self.copy_flat(
+                        self.narrow(slot, 0, size * row, (k - size) * row),
+                        self.zeros_like(self.narrow(slot, 0, size * row, (k - size) * row)),
+                    )
+                start += size
+            off += k * row
+
+    def unpack_chunks(self, flat: Any, n: int, outs: Sequence[Any]) -> None:
+        """The inverse layout of :meth:`pack_chunks` for outputs of ``n * P_i`` elements:
+        ``outs[i][c * P_i : (c + 1) * P_i] = flat[c * S + offset_i : ... + P_i]`` (the
+        all-gather output of a unit, split into each parameter's rank-major buffer)."""
+        S = self.shape(flat)[0] // n
+        sizes = [self.shape(o)[0] // n for o in outs]
+        for c in range(n):
+            off = 0
+            for o, p in zip(outs, sizes):
+                self.copy_flat(self.narrow(o, 0, c * p, p), self.narrow(flat, 0, c * S + off, p))
+                off += p
+
+    def free_storage(self, t: Any) -> None:
+        """Release ``t``'s memory, keeping the tensor object (and every view and autograd
+        reference to it) valid for a later :meth:`alloc_storage`. A platform without
+        storage resizing may leave the memory allocated."""
+
+    def alloc_storage(self, t: Any) -> None:
+        """Give a tensor freed by :meth:`free_storage` its memory back (contents undefined)."""
+
+    def all_gather_into(self, out: Any, inp: Any, group: Any, async_op: bool = False) -> Any:
+        """All-gather flat ``inp`` (``k`` elements) into flat ``out`` (``n * k``), chunk
+        ``c`` from mesh coordinate ``c``. ``inp`` may be a view of ``out``'s own chunk.
+
+        Returns a handle whose ``wait()`` completes the collective when ``async_op`` and
+        the backend runs it asynchronously, else None (already complete)."""
+        n = len(group.ranks) if hasattr(group, "ranks") else 1
+        parts = self.all_gather(inp, group, n)
+        k = self.shape(inp)[0]
+        for c, p in enumerate(parts):
+            self.copy_flat(self.narrow(out, 0, c * k, k), p)
+        return None
+
+    def reduce_scatter_into(
+        self, out: Any, inp: Any, op: str, group: Any, async_op: bool = False
+    ) -> Any:
+        """Reduce (``sum``/``avg``) flat ``inp`` (``n * k`` elements, chunk ``c`` for mesh
+        coordinate ``c``) over the group; this rank's chunk lands in flat ``out`` (``k``).
+        Composed from an all-reduce where the backend has no reduce-scatter. Returns a
+        handle or None as :meth:`all_gather_into`."""
+        k = self.shape(out)[0]
+        c = list(group.ranks).index(self.get_rank()) if hasattr(group, "ranks") else 0
+        full = self.all_reduce(inp, op, group)
+        self.copy_flat(out, self.narrow(full, 0, c * k, k))
+        return None
+
+    def all_reduce_into(self, t: Any, op: str, group: Any, async_op: bool = False) -> Any:
+        """All-reduce flat ``t`` in place (``sum``/``avg``...). Returns a handle or None."""
+        self.copy_flat(t, self.all_reduce(t, op, group))
+        return None
 
     def all_gather_bytes(self, data: bytes, group: Any, n: int) -> list[bytes]:
         """Every rank's ``data`` (the same length, a multiple of 4, on every rank), in

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..flight.context import BackwardFrame, forward_context, stack
-from ..spec import DTensorSpec
+from ..spec import DTensorSpec, split_orders
 from .planner import Plan
-from .steps import COUNTERS, STEPS, run_step
+from .steps import COUNTERS, STEPS, OrderedState, run_step
 
 __all__ = ["execute_plan", "backward_plan", "redistribute_with_plan", "run_step", "COUNTERS"]
 
@@ -27,6 +27,8 @@ def execute_plan(
     If ``saved`` is a list, the (input, output) of every step whose backward needs them (a
     max/min all-reduce) is appended to it for :func:`backward_plan`.
     """
+    if plan.ordered:
+        return _execute_ordered(plat, local, spec, plan, saved)
     state = list(spec.placements)
     for step in plan.steps:
         out = run_step(plat, local, spec, state, step.mesh_dim, step.kind, step.src, step.dst)
@@ -37,16 +39,39 @@ def execute_plan(
     return local
 
 
+def _ordered_start(spec: DTensorSpec) -> OrderedState:
+    return OrderedState(spec.placements, split_orders(spec.placements, spec.ndim, spec.shard_order))
+
+
+def _execute_ordered(
+    plat: Any, local: Any, spec: DTensorSpec, plan: Plan, saved: list[Any] | None
+) -> Any:
+    state = _ordered_start(spec)
+    for step in plan.steps:
+        out = run_step(plat, local, spec, state, step.mesh_dim, step.kind, step.src, step.dst)
+        if saved is not None and STEPS[step.kind].saves(step.src):
+            saved.append((local, out))
+        local = out
+        state = state.moved(step.mesh_dim, step.src, step.dst)
+    return local
+
+
 def backward_plan(
     plat: Any, grad: Any, spec: DTensorSpec, plan: Plan, saved: Sequence[Any] = ()
 ) -> Any:
     """The backward of :func:`execute_plan`: ``grad`` is the local derivative w.r.t. the
     output; returns the local derivative w.r.t. the input."""
-    states = [list(spec.placements)]
-    for st in plan.steps:
-        s = list(states[-1])
-        s[st.mesh_dim] = st.dst
-        states.append(s)
+    states: list[Any]
+    if plan.ordered:
+        states = [_ordered_start(spec)]
+        for st in plan.steps:
+            states.append(states[-1].moved(st.mesh_dim, st.src, st.dst))
+    else:
+        states = [list(spec.placements)]
+        for st in plan.steps:
+            s = list(states[-1])
+            s[st.mesh_dim] = st.dst
+            states.append(s)
     saved_left = list(saved)
     for i in range(len(plan.steps) - 1, -1, -1):
         st = plan.steps[i]

@@ -21,7 +21,7 @@ from ..placement import Partial, Placement, Replicate, Shard
 from .cost import CostModel
 from .steps import STEPS_FROM, StepKind
 
-__all__ = ["PlacementGraph", "graph_for"]
+__all__ = ["PlacementGraph", "OrderedPlacementGraph", "graph_for"]
 
 
 class PlacementGraph:
@@ -186,6 +186,58 @@ class PlacementGraph:
         return done
 
 
+class OrderedPlacementGraph(PlacementGraph):
+    """The graph of states that also carry every tensor dim's split order (used when a
+    source or target spec has a non-default ``shard_order``).
+
+    A state is the placement codes followed by one more element: per tensor dim, the mesh
+    dims that shard it in split order. Sharding a tensor dim on a mesh dim appends that
+    mesh dim (it splits the pieces last); only the mesh dim that split a tensor dim last
+    may gather, pad or move it. Left-to-right nesting is the special case where appends
+    happen in mesh order, so every state of the default graph is here too.
+    """
+
+    __slots__ = ()
+
+    def encode_ordered(
+        self, placements: Sequence[Placement], orders: Sequence[Sequence[int]]
+    ) -> tuple:
+        return self.encode(placements) + (tuple(tuple(o) for o in orders),)
+
+    def decode(self, state: tuple) -> tuple[Placement, ...]:
+        return super().decode(state[:-1])
+
+    def nbytes(self, state: tuple) -> int:
+        return super().nbytes(state[:-1])
+
+    def edges(self, state: tuple) -> list:  # type: ignore[override]
+        e = self._edges.get(state)
+        if e is not None:
+            return e
+        nd = self.ndim
+        codes, orders = state[:-1], state[-1]
+        out: list = []
+        bs = self.nbytes(state)
+        ms = self.mesh_shape
+        cm = self.cm
+        none: frozenset[int] = frozenset()
+        for m, c in enumerate(codes):
+            src_dim = c - 1 if 1 <= c <= nd else None
+            blocked = none
+            if src_dim is not None and orders[src_dim][-1] != m:
+                blocked = frozenset((src_dim,))
+            for kind, q in self._moves(c, blocked):
+                new = list(orders)
+                if src_dim is not None:
+                    new[src_dim] = orders[src_dim][:-1]
+                if 1 <= q <= nd:
+                    new[q - 1] = new[q - 1] + (m,)
+                t = codes[:m] + (q,) + codes[m + 1 :] + (tuple(new),)
+                out.append((t, kind.cost(cm, m, ms[m], bs, self.nbytes(t)), m, kind.name))
+        self._edges[state] = out
+        return out
+
+
 _GRAPHS: OrderedDict[tuple, PlacementGraph] = OrderedDict()
 _MAX_GRAPHS = 512
 
@@ -196,12 +248,15 @@ def graph_for(
     itemsize: int,
     ops: tuple[str, ...],
     cost_model: CostModel,
+    ordered: bool = False,
 ) -> PlacementGraph:
-    """The (cached) graph of a geometry; ``ops`` should be sorted for reuse."""
-    key = (shape, mesh_shape, itemsize, ops, cost_model)
+    """The (cached) graph of a geometry; ``ops`` should be sorted for reuse. ``ordered``:
+    the :class:`OrderedPlacementGraph` (states carry split orders)."""
+    key = (shape, mesh_shape, itemsize, ops, cost_model, ordered)
     g = _GRAPHS.get(key)
     if g is None:
-        g = _GRAPHS[key] = PlacementGraph(shape, mesh_shape, itemsize, ops, cost_model)
+        cls = OrderedPlacementGraph if ordered else PlacementGraph
+        g = _GRAPHS[key] = cls(shape, mesh_shape, itemsize, ops, cost_model)
         if len(_GRAPHS) > _MAX_GRAPHS:
             _GRAPHS.popitem(last=False)
     return g

@@ -19,11 +19,12 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..placement import Partial, Placement, Shard, normalize_placements
-from ..spec import DTensorSpec
+from ..spec import DTensorSpec, ShardOrder, normalize_shard_order, split_orders
 from .cost import DEFAULT_COST_MODEL, CostModel
-from .graph import clear_graphs, graph_for
+from .graph import OrderedPlacementGraph, clear_graphs, graph_for
 
 __all__ = [
     "Step",
@@ -50,10 +51,13 @@ class Step:
 
 @dataclass(frozen=True)
 class Plan:
-    """A sequence of steps and its total modelled cost (seconds)."""
+    """A sequence of steps and its total modelled cost (seconds). ``ordered``: the plan
+    moves between specs with split orders (the executor tracks them, see
+    :class:`~hyper_shard.redistribute.steps.OrderedState`)."""
 
     steps: tuple[Step, ...]
     cost: float
+    ordered: bool = False
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -89,6 +93,7 @@ def _dijkstra(
     itemsize: int,
     cost_model: CostModel,
     allow_sum: bool = True,
+    orders: tuple[ShardOrder | None, ShardOrder | None] | None = None,
 ) -> Plan:
     g = graph_for(
         shape,
@@ -96,10 +101,18 @@ def _dijkstra(
         itemsize,
         tuple(sorted(_partial_ops(src, dst, allow_sum=allow_sum))),
         cost_model,
+        ordered=orders is not None,
     )
-    cost, steps = g.shortest(g.encode(src), g.encode(dst))
     pl = g.placements
-    return Plan(tuple(Step(m, pl[a], pl[b], kind) for m, a, b, kind in steps), cost)
+    if orders is None:
+        cost, steps = g.shortest(g.encode(src), g.encode(dst))
+        return Plan(tuple(Step(m, pl[a], pl[b], kind) for m, a, b, kind in steps), cost)
+    assert isinstance(g, OrderedPlacementGraph)
+    nd = len(shape)
+    a = g.encode_ordered(src, split_orders(src, nd, orders[0]))
+    b = g.encode_ordered(dst, split_orders(dst, nd, orders[1]))
+    cost, steps = g.shortest(a, b)
+    return Plan(tuple(Step(m, pl[x], pl[y], kind) for m, x, y, kind in steps), cost, True)
 
 
 _PLAN_CACHE: OrderedDict[tuple, Plan] = OrderedDict()
@@ -111,22 +124,32 @@ def plan_redistribute(
     src: DTensorSpec,
     dst_placements: Sequence[Placement],
     cost_model: CostModel | None = None,
+    shard_order: Any = "keep",
 ) -> Plan:
     """The cheapest plan from ``src`` to ``dst_placements`` on the same mesh.
 
     Args:
-        src: the current spec (mesh, placements, global shape, itemsize).
+        src: the current spec (mesh, placements, global shape, itemsize, shard order).
         dst_placements: the target placements, one per mesh dim.
         cost_model: the alpha-beta model; default: the mesh platform's, or the default.
+        shard_order: the target's split order: ``"keep"`` (default) as
+            :meth:`DTensorSpec.with_placements` keeps it, or an explicit one (None: left
+            to right). Plans between left-to-right specs use the plain placement graph;
+            others the :class:`~hyper_shard.redistribute.graph.OrderedPlacementGraph`.
 
     Returns:
-        A :class:`Plan` (empty when the placements already match).
+        A :class:`Plan` (empty when the placements and orders already match).
 
     Raises:
-        ValueError / IndexError: target placements that do not fit the mesh or tensor.
+        ValueError / IndexError: target placements or orders that do not fit the mesh or
+            tensor.
     """
     local_cache = src._plans
-    raw = (dst_placements if type(dst_placements) is tuple else tuple(dst_placements), cost_model)
+    raw = (
+        dst_placements if type(dst_placements) is tuple else tuple(dst_placements),
+        cost_model,
+        shard_order,
+    )
     if local_cache is not None:
         plan = local_cache.get(raw)
         if plan is not None:
@@ -137,7 +160,11 @@ def plan_redistribute(
     dst = normalize_placements(dst_placements, src.mesh.ndim, src.ndim)
     if cost_model is None:
         cost_model = cost_model_for(src.mesh)
-    key = (src.key, dst, cost_model)
+    if shard_order == "keep":
+        dst_order = src._kept_order(dst) if src.shard_order else None
+    else:
+        dst_order = normalize_shard_order(dst, src.ndim, shard_order)
+    key = (src.key, dst, cost_model, dst_order)
     plan = _PLAN_CACHE.get(key)
     if plan is not None:
         _stats["hits"] += 1
@@ -145,7 +172,7 @@ def plan_redistribute(
         local_cache[raw] = plan
         return plan
     _stats["misses"] += 1
-    if src.placements == dst:
+    if src.placements == dst and src.shard_order == dst_order:
         plan = Plan((), 0.0)
     else:
         plan = _dijkstra(
@@ -156,6 +183,7 @@ def plan_redistribute(
             src.tensor_meta.itemsize,
             cost_model,
             "bool" not in str(src.tensor_meta.dtype),
+            None if src.shard_order is None and dst_order is None else (src.shard_order, dst_order),
         )
     _PLAN_CACHE[key] = plan
     local_cache[raw] = plan

@@ -59,6 +59,7 @@ from ..placement import Partial, Placement, Replicate, Shard
 from ..spec import DTensorSpec, chunk_sizes
 
 __all__ = [
+    "OrderedState",
     "StepKind",
     "STEPS",
     "STEPS_FROM",
@@ -76,13 +77,41 @@ COUNTERS: list[dict[str, int]] = []
 
 
 # ---------------------------------------------------------------------- shared helpers
+class OrderedState(list):
+    """The placements of a plan in progress plus every tensor dim's split order
+    (``order[d]``: the mesh dims sharding ``d``, in the order they split it), for plans
+    whose specs carry a ``shard_order``. A plain list of placements means left to right."""
+
+    def __init__(self, placements: Sequence[Placement], order: Sequence[Sequence[int]]) -> None:
+        super().__init__(placements)
+        self.order = [list(o) for o in order]
+
+    def moved(self, m: int, src: Placement, dst: Placement) -> OrderedState:
+        """The state after a step on mesh dim ``m`` from ``src`` to ``dst``."""
+        out = OrderedState(self, self.order)
+        if type(src) is Shard:
+            out.order[src.dim].remove(m)
+        if type(dst) is Shard:
+            out.order[dst.dim].append(m)
+        out[m] = dst
+        return out
+
+
 def _extent(
     spec: DTensorSpec, state: Sequence[Placement], m: int, d: int, coord: Sequence[int]
 ) -> int:
-    """Extent of tensor dim ``d`` that mesh dim ``m`` splits: after the shards of mesh dims
-    left of ``m`` on ``d`` (this rank's coordinates)."""
+    """Extent of tensor dim ``d`` that mesh dim ``m`` splits: after the shards of the mesh
+    dims that split ``d`` before ``m`` (left of ``m``; with an :class:`OrderedState`, before
+    ``m`` in ``d``'s split order), at this rank's coordinates."""
     e = spec.shape[d]
     ms = spec.mesh.shape
+    order = getattr(state, "order", None)
+    if order is not None:
+        for k in order[d]:
+            if k == m:
+                break
+            e = chunk_sizes(e, ms[k])[coord[k]]
+        return e
     for k in range(m):
         p = state[k]
         if type(p) is Shard and p.dim == d:

@@ -126,6 +126,8 @@ def _expand(
 class EinsumOp(DistributedOp):
     """Products of tensors described by an einsum equation (see module docstring)."""
 
+    keeps_shard_order = True  # local data only: shard orders pass (dispatch/order.py)
+
     Params = EinsumParams
     signature = ("input", "other", "*args")
 

@@ -131,6 +131,8 @@ class ForeachOp(DistributedOp):
             term): redistribute it first.
     """
 
+    keeps_shard_order = True  # local data only: shard orders pass (dispatch/order.py)
+
     Params = ForeachParams
     signature = ("self", "other", "*args")
     #: plain tensors in the lists (parameters of modules left out of a TP plan, their
@@ -172,6 +174,7 @@ class ForeachOp(DistributedOp):
             targets[k] = rep
         outputs: list[tuple[Placement, ...] | None] = []
         shapes: list[tuple[int, ...] | None] = []
+        sources: list[list[int]] = []
         cost = 0.0
         memo: dict[tuple, Any] = {}
         objs = _dtensor_ids(call)
@@ -211,6 +214,7 @@ class ForeachOp(DistributedOp):
                 memo[key] = res
             for j, k in enumerate(idx):
                 targets[k] = res.inputs[j]
+            sources.append(idx)
             cost += res.cost
             if inplace:  # the local op returns the self list: the elements as they are
                 outputs.append(specs[0].placements)
@@ -219,7 +223,7 @@ class ForeachOp(DistributedOp):
                 outputs.append(res.outputs[0])
                 el_shape = broadcast_shapes(*(s.shape for s in specs))
                 shapes.append(() if mode == "gather" else el_shape)
-        return Layout(targets, outputs, shapes, cost=cost)
+        return Layout(targets, outputs, shapes, cost=cost, out_sources=sources)
 
 
 def _dtensor_ids(call: OpCall) -> list[int]:

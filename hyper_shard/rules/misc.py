@@ -46,6 +46,8 @@ def _reduced(placements: tuple[Placement, ...]) -> tuple[Placement, ...]:
 class ConvertOp(DistributedOp):
     """``Tensor.to``-style conversion: output placed as the (Partial-reduced) input."""
 
+    keeps_shard_order = True  # local data only: shard orders pass (dispatch/order.py)
+
     signature = ("input", "*args")
 
     def infer_layout(self, call: OpCall) -> Layout:
@@ -67,6 +69,8 @@ class LikeFactoryOp(DistributedOp):
     """``zeros_like``-style factories: the input's shape and shards, Partial -> Replicate
     (kept for an uninitialized factory)."""
 
+    keeps_shard_order = True  # local data only: shard orders pass (dispatch/order.py)
+
     Params = FactoryParams
     signature = ("input", "*args")
 
@@ -84,6 +88,8 @@ class NewFactoryOp(DistributedOp):
     Raises:
         TypeError: a size that is not a sequence of ints.
     """
+
+    keeps_shard_order = True  # local data only: shard orders pass (dispatch/order.py)
 
     Params = FactoryParams
     signature = ("input", "*size")
@@ -160,6 +166,7 @@ def _local_strides(local: tuple[int, ...], stride: object) -> tuple[int, ...]:
 class MetadataOp(DistributedOp):
     """A dtype query: the local result is returned as is (not a tensor)."""
 
+    keeps_shard_order = True  # nothing moves and no tensor comes out
     signature = ("input",)
 
     def infer_layout(self, call: OpCall) -> Layout:

@@ -47,6 +47,8 @@ class PointwiseParams(RuleParams):
 class PointwiseOp(DistributedOp):
     """Elementwise op with broadcasting; see the module docstring for Partial handling."""
 
+    keeps_shard_order = True  # local data only: shard orders pass (dispatch/order.py)
+
     Params = PointwiseParams
     signature = ("input", "other", "*args")
 

@@ -37,7 +37,6 @@ from ..errors import ShardingError
 from ..kernels.random import GlobalDraw, ShardedDropout
 from ..placement import Partial, Placement, Replicate, Shard
 from ..registry.models import RuleParams
-from ..spec import compute_local_shape_and_offset
 from . import register_rule
 
 __all__ = ["RandomOp", "RandomParams"]
@@ -61,6 +60,8 @@ class RandomOp(DistributedOp):
         ShardingError: a DTensor argument other than the input (and ``p`` of
             ``bernoulli``), or an in-place fill of a ``Partial`` DTensor.
     """
+
+    keeps_shard_order = True  # local data only: shard orders pass (dispatch/order.py)
 
     Params = RandomParams
     signature = ("input", "*args")
@@ -110,7 +111,11 @@ class RandomOp(DistributedOp):
         coord = mesh.get_coordinate()
         if not any(type(p) is Shard for p in out) or coord is None:
             return layout
-        ls, off = compute_local_shape_and_offset(spec.shape, mesh.shape, out, coord)
+        # the output's shard order is the input's where its shards stay (dispatch/order.py);
+        # gathered probabilities (values) give a left-to-right output
+        ls, off = spec.with_placements(out, None if values else "keep").local_shape_and_offset(
+            coord
+        )
         box = (off, ls)
         binder = call.binder or self.binder
         plat = call.platform

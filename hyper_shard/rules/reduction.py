@@ -293,6 +293,8 @@ class ReductionOp(DistributedOp):
             ``max(x, other)``/``min(x, other)``).
     """
 
+    keeps_shard_order = True  # local data only: shard orders pass (dispatch/order.py)
+
     Params = ReductionParams
     signature = ("input", "dim", "keepdim")
 

@@ -81,6 +81,8 @@ class FillOp(DistributedOp):
         ShardingError: a value DTensor with dimensions (torch wants a 0-d value).
     """
 
+    keeps_shard_order = True  # local data only: shard orders pass (dispatch/order.py)
+
     Params = FillParams
     signature = ("input", "value")
 
@@ -114,6 +116,8 @@ class CopyOp(DistributedOp):
     Raises:
         ShardingError: ``src``'s shape does not broadcast to ``self``'s.
     """
+
+    keeps_shard_order = True  # local data only: shard orders pass (dispatch/order.py)
 
     signature = ("input", "src", "non_blocking")
 
@@ -154,6 +158,8 @@ class IdentityOp(DistributedOp):
     """An op whose output is its input element for element (``clone``, ``conj`` of a real
     tensor): every placement passes through and nothing moves."""
 
+    keeps_shard_order = True  # local data only: shard orders pass (dispatch/order.py)
+
     signature = ("input", "*args")
 
     def infer_layout(self, call: OpCall) -> Layout:
@@ -169,6 +175,8 @@ class TypeAsOp(DistributedOp):
     Raises:
         ShardingError: ``x`` is not a DTensor.
     """
+
+    keeps_shard_order = True  # local data only: shard orders pass (dispatch/order.py)
 
     signature = ("input", "other")
 

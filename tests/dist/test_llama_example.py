@@ -72,3 +72,27 @@ def check_sequence_parallel_plan(rank, world, steps):
 def test_llama_tp_sequence_parallel_matches_single_device(dist2) -> None:
     tp0, tp1 = dist2.run(check_sequence_parallel_plan, 4, timeout=240)
     assert tp0 == tp1  # every rank saw the same (replicated) loss
+
+
+def check_fsdp_tp_plan(rank, world, steps):
+    """The example's ``--dp 2 --tp 2`` (FSDP units on mesh["dp"] over the TP plan on
+    mesh["tp"]), run in the test's 4-rank pool: losses against the single-device model."""
+    import torch
+
+    sys.path.insert(0, str(EXAMPLE.parent))
+    import train_llama_tp as ex
+
+    args = ex.parse_args(["--dp", "2", "--tp", "2", "--steps", str(steps), "--seq", "32"])
+    ex.validate(args, world)
+    data = ex.load_data()
+    got = ex.train_tp(args, data, torch.device("cpu"))["losses"]
+    single = ex.train_single(args, data, torch.device("cpu"))["losses"]
+    assert len(got) == len(single) == steps
+    for a, b in zip(got, single):
+        assert abs(a - b) <= 1e-4 * abs(b), (got, single)
+    return got
+
+
+def test_llama_fsdp_x_tp_matches_single_device(dist4) -> None:
+    out = dist4.run(check_fsdp_tp_plan, 3, timeout=240)
+    assert all(o == out[0] for o in out)  # the dp-mean loss is the same on every rank

@@ -128,8 +128,11 @@ def test_alias_form_round_trip():
     assert spec.to_alias().tensor_map_ints == (-1, 1, -1) and spec.to_alias().partial == {
         "tp": "sum"
     }
-    with pytest.raises(ValueError, match="left to right"):
-        DTensorSpec.from_alias(mesh, [("tp", "dp"), "None", "None"], meta)
+    # a tuple against the mesh order is a shard order (tp splits first), both ways
+    rev = DTensorSpec.from_alias(mesh, [("tp", "dp"), "None", "None"], meta)
+    assert rev.placements == (Shard(0), Shard(0)) and rev.split_order(0) == (1, 0)
+    assert rev.to_alias().tensor_map == (("tp", "dp"), "None", "None")
+    assert rev != DTensorSpec(mesh, [Shard(0), Shard(0)], meta)
     with pytest.raises(ValueError, match="not one of"):
         DTensorSpec.from_alias(mesh, ["pp", "None", "None"], meta)
 

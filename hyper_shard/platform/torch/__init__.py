@@ -328,9 +328,6 @@ class TorchPlatform(Platform):
     def squeeze(self, t: torch.Tensor, dim: int) -> torch.Tensor:
         return t.squeeze(dim)
 
-    def reshape(self, t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-        return t.reshape(tuple(shape))
-
     def transpose(self, t: torch.Tensor, dim0: int, dim1: int) -> torch.Tensor:
         return t.transpose(dim0, dim1)
 
@@ -471,6 +468,103 @@ class TorchPlatform(Platform):
                 dist.all_gather_object, out, obj, group=group.pg,
             )  # fmt: skip
         return group.to_coord_order(out)
+
+    # ------------------------------------------------------------ flat buffers (FSDP)
+    def empty_flat(self, numel: int, dtype: Any, like: Any) -> torch.Tensor:
+        with DisableTorchFunctionSubclass():
+            return torch.empty(int(numel), dtype=dtype, device=like.device)
+
+    def reshape(self, t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+        with DisableTorchFunctionSubclass():
+            return t.reshape(tuple(shape))
+
+    def copy_flat(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        with DisableTorchFunctionSubclass(), torch.no_grad():
+            (dst if dst.dim() == 1 else dst.view(-1)).copy_(src.reshape(-1))
+
+    def pack_chunks(self, tensors: Sequence[torch.Tensor], n: int, out: torch.Tensor) -> None:
+        with DisableTorchFunctionSubclass(), torch.no_grad():
+            ts = [t if t.dtype == out.dtype else t.to(out.dtype) for t in tensors]
+            if all(t.dim() > 0 for t in ts) and not out.is_meta:
+                torch._chunk_cat(ts, 0, n, out=out.view(n, -1))
+            else:
+                Platform.pack_chunks(self, ts, n, out)
+
+    def unpack_chunks(self, flat: torch.Tensor, n: int, outs: Sequence[torch.Tensor]) -> None:
+        with DisableTorchFunctionSubclass(), torch.no_grad():
+            sizes = [o.numel() // n for o in outs]
+            torch.split_with_sizes_copy(
+                flat.view(n, -1), sizes, dim=1, out=[o.view(n, -1) for o in outs]
+            )
+
+    def free_storage(self, t: torch.Tensor) -> None:
+        with DisableTorchFunctionSubclass():
+            st = t.untyped_storage()
+            if st.size() != 0:
+                st.resize_(0)
+
+    def alloc_storage(self, t: torch.Tensor) -> None:
+        with DisableTorchFunctionSubclass():
+            st = t.untyped_storage()
+            need = int((t.storage_offset() + t.numel()) * t.element_size())
+            if st.size() != need:
+                st.resize_(need)
+
+    def all_gather_into(
+        self, out: torch.Tensor, inp: torch.Tensor, group: TorchGroup, async_op: bool = False
+    ) -> Any:
+        if group.identity:
+            return collective(
+                self, "all_gather (fsdp unit)", group, inp.shape, inp.dtype,
+                _all_gather, out, inp, group=group.pg, async_op=async_op,
+            )  # fmt: skip
+        # the backend orders chunks by group rank: gather, then put them in mesh order
+        tmp = torch.empty_like(out)
+        collective(
+            self, "all_gather (fsdp unit)", group, inp.shape, inp.dtype,
+            _all_gather, tmp, inp.clone(), group=group.pg,
+        )  # fmt: skip
+        k = inp.numel()
+        for c, g in enumerate(group.order):
+            out.narrow(0, c * k, k).copy_(tmp.narrow(0, g * k, k))
+        return None
+
+    def reduce_scatter_into(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        op: str,
+        group: TorchGroup,
+        async_op: bool = False,
+    ) -> Any:
+        if "reduce_scatter" not in self.native_collectives:
+            return Platform.reduce_scatter_into(self, out, inp, op, group)
+        n = len(group.ranks)
+        if not group.identity:  # chunks go to group ranks: reorder the input
+            k = out.numel()
+            src = inp
+            inp = torch.empty_like(src)
+            for c, g in enumerate(group.order):
+                inp.narrow(0, g * k, k).copy_(src.narrow(0, c * k, k))
+        if op == "avg":  # divide first (exact for powers of two; no backend needs AVG)
+            inp.div_(n)
+        elif op != "sum":
+            raise ValueError(f"reduce_scatter_into: reduce op {op!r} (use 'sum' or 'avg')")
+        return collective(
+            self, "reduce_scatter (fsdp unit)", group, inp.shape, inp.dtype,
+            _reduce_scatter, out, inp, op=dist.ReduceOp.SUM, group=group.pg, async_op=async_op,
+        )  # fmt: skip
+
+    def all_reduce_into(
+        self, t: torch.Tensor, op: str, group: TorchGroup, async_op: bool = False
+    ) -> Any:
+        if op == "avg":
+            t.div_(len(group.ranks))
+            op = "sum"
+        return collective(
+            self, "all_reduce (fsdp unit)", group, t.shape, t.dtype,
+            dist.all_reduce, t, op=_OPS[op], group=group.pg, async_op=async_op,
+        )  # fmt: skip
 
     def all_gather_bytes(self, data: bytes, group: TorchGroup, n: int) -> list[bytes]:
         """Every rank's ``data`` (the same length everywhere), in mesh-coordinate order:

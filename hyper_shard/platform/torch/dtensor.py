@@ -264,6 +264,10 @@ for _n in _PASSTHROUGH_METHODS:
     if hasattr(T, _n):
         PROTOCOL_HANDLERS[getattr(T, _n)] = _passthrough(getattr(T, _n))
 PROTOCOL_HANDLERS[T.requires_grad.__set__] = _passthrough(T.requires_grad.__set__)
+# nn.Module._apply (to_empty, .to) asks whether it may swap a parameter's data in place
+PROTOCOL_HANDLERS[torch._has_compatible_shallow_copy_type] = _passthrough(
+    torch._has_compatible_shallow_copy_type
+)
 
 
 @_on(T.grad.__get__, T._grad.__get__)
@@ -332,9 +336,10 @@ def _data_set(args: Any, kwargs: dict) -> None:
     if value._spec.shape != self._spec.shape or value._spec.mesh != self._spec.mesh:
         raise ValueError(f"DTensor.data: {value._spec} does not match {self._spec}")
     spec, new = value._spec, _local(value).detach()
-    if spec.placements != self._spec.placements:
+    ss = self._spec
+    if spec.placements != ss.placements or spec.shard_order != ss.shard_order:
         # internal: a Partial target is allowed here (DTensor.redistribute refuses it, as PyTorch)
-        dst = spec.with_placements(self._spec.placements)
+        dst = DTensorSpec(spec.mesh, ss.placements, spec.tensor_meta, ss.shard_order)
         if spec.mesh.get_coordinate() is not None:
             new = redistribute_local(spec.mesh.platform, new, spec, dst)
         spec = dst
@@ -599,6 +604,7 @@ def _reduce_ex(args: Any, kwargs: dict) -> Any:
             rg,
             bool(self.__dict__.get("_is_param")),
             spec.mesh.get_coordinate(),
+            spec.shard_order,
         ),
     )
 
@@ -612,6 +618,7 @@ def _rebuild_dtensor(
     requires_grad: bool,
     is_param: bool,
     coordinate: tuple | None = None,
+    shard_order: tuple | None = None,
 ) -> TorchDTensor:
     """Unpickle a DTensor (see :func:`_reduce_ex`).
 
@@ -622,7 +629,10 @@ def _rebuild_dtensor(
     from ...spec import TensorMeta
 
     spec = DTensorSpec(
-        mesh, placements, TensorMeta(tuple(shape), tuple(stride), local.dtype, local.element_size())
+        mesh,
+        placements,
+        TensorMeta(tuple(shape), tuple(stride), local.dtype, local.element_size()),
+        shard_order,
     )
     want = spec.local_shape()
     here = mesh.get_coordinate()
@@ -653,10 +663,11 @@ def _allow_in_weights_only_load() -> None:
     callables: DTensors, meshes and placements are added, as PyTorch does for its own."""
     from ...mesh import _rebuild_mesh
     from ...placement import Shard
+    from ...spec import ShardOrderEntry
 
     add = getattr(torch.serialization, "add_safe_globals", None)
     if add is not None:
-        add([_rebuild_dtensor, _rebuild_mesh, Shard, Replicate, Partial])
+        add([_rebuild_dtensor, _rebuild_mesh, Shard, Replicate, Partial, ShardOrderEntry])
 
 
 _allow_in_weights_only_load()

@@ -1,0 +1,131 @@
+"""The data-parallel mesh of a ``fully_shard`` call and how it composes with a tensor-
+parallel mesh (framework-neutral).
+
+* 1-D mesh: FSDP, parameters ``(Shard(0),)``.
+* 2-D mesh ``("replicate", "shard")``: HSDP, parameters ``(Replicate(), Shard(0))``;
+  gradients are reduce-scattered over dim 1 and all-reduced over dim 0.
+* A parameter that already is a DTensor on another sub-mesh of the same root mesh (a
+  tensor-parallel one, from ``parallelize_module(model, mesh["tp"], ...)``) becomes a
+  DTensor on the sub-mesh of the root spanning both (e.g. the whole ``("dp", "tp")``
+  mesh), with the data-parallel placements on the data-parallel dims and its own
+  placements on the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..mesh import DeviceMesh
+from ..placement import Placement, Replicate, Shard
+
+__all__ = ["MeshInfo", "compose_mesh"]
+
+
+class MeshInfo:
+    """What a unit needs to know about its data-parallel mesh.
+
+    Attributes:
+        mesh: the mesh given to ``fully_shard``.
+        shard_dim / replicate_dim: its mesh dims (``replicate_dim`` None for FSDP).
+        shard_size / shard_coord: ranks on the shard dim and this rank's coordinate.
+        replicate_size: ranks on the replicate dim (1 for FSDP).
+    """
+
+    __slots__ = (
+        "mesh",
+        "shard_dim",
+        "replicate_dim",
+        "shard_size",
+        "shard_coord",
+        "replicate_size",
+    )
+
+    def __init__(self, mesh: DeviceMesh) -> None:
+        coord = mesh.get_coordinate()
+        if coord is None:
+            raise ValueError(
+                f"fully_shard: rank {mesh.get_rank()} is not in the mesh {mesh} (ranks "
+                f"{list(mesh.ranks)}); pass a mesh that contains every rank calling "
+                f"fully_shard, e.g. mesh['dp'] of a mesh built by every rank"
+            )
+        if mesh.ndim not in (1, 2):
+            raise ValueError(
+                f"fully_shard: the mesh must be 1-D (FSDP) or 2-D (HSDP: ('replicate', "
+                f"'shard')), got shape {mesh.shape}; slice the data-parallel dims, e.g. "
+                f"mesh['dp'] or mesh[('dp_replicate', 'dp_shard')]"
+            )
+        self.mesh = mesh
+        self.shard_dim = mesh.ndim - 1
+        self.replicate_dim = 0 if mesh.ndim == 2 else None
+        self.shard_size = mesh.shape[self.shard_dim]
+        self.shard_coord = coord[self.shard_dim]
+        self.replicate_size = mesh.shape[0] if mesh.ndim == 2 else 1
+
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        """The data-parallel placements of a parameter: ``(Shard(0),)`` or
+        ``(Replicate(), Shard(0))``."""
+        return (Shard(0),) if self.mesh.ndim == 1 else (Replicate(), Shard(0))
+
+    @property
+    def dp_size(self) -> int:
+        """Ranks that see different data (the gradient is their mean)."""
+        return self.shard_size * self.replicate_size
+
+    def shard_group(self) -> object:
+        return self.mesh._group(self.shard_dim)
+
+    def replicate_group(self) -> object:
+        assert self.replicate_dim is not None
+        return self.mesh._group(self.replicate_dim)
+
+
+def _root_of(mesh: DeviceMesh) -> tuple[DeviceMesh, tuple[int, ...]]:
+    root = mesh._root
+    return (mesh, tuple(range(mesh.ndim))) if root is None else (root, mesh._root_dims)
+
+
+def compose_mesh(
+    dp_mesh: DeviceMesh,
+    dp_placements: Sequence[Placement],
+    other: DeviceMesh,
+    other_placements: Sequence[Placement],
+) -> tuple[DeviceMesh, tuple[Placement, ...], tuple[int, ...], tuple[int, ...]]:
+    """The mesh spanning two sub-meshes of one root mesh, and the placements there.
+
+    Returns:
+        ``(mesh, placements, dp_dims, other_dims)``: the sub-mesh of the root over both
+        meshes' dims (in the root's order), the placements on it, and the positions of
+        the data-parallel and the other mesh's dims in it.
+
+    Raises:
+        ValueError: the meshes are not sub-meshes of one root, or share a mesh dim.
+    """
+    root_a, dims_a = _root_of(dp_mesh)
+    root_b, dims_b = _root_of(other)
+    if root_a is not root_b and root_a != root_b:
+        raise ValueError(
+            f"fully_shard: a parameter is a DTensor on {other}, which is not a sub-mesh of "
+            f"the same mesh as the data-parallel mesh {dp_mesh}; slice both from one mesh "
+            f"(mesh['dp'] and mesh['tp'] of init_device_mesh(..., mesh_dim_names=('dp', 'tp')))"
+        )
+    if set(dims_a) & set(dims_b):
+        raise ValueError(
+            f"fully_shard: a parameter is a DTensor on {other}, which shares a mesh dim with "
+            f"the data-parallel mesh {dp_mesh}; a parameter cannot be sharded twice over "
+            f"the same ranks"
+        )
+    dims = sorted(dims_a + dims_b)
+    mesh = root_a if dims == list(range(root_a.ndim)) else root_a._sub(dims)
+    placement_of: dict[int, Placement] = {}
+    for d, p in zip(dims_a, dp_placements):
+        placement_of[d] = p
+    for d, p in zip(dims_b, other_placements):
+        placement_of[d] = p
+    placements = tuple(placement_of[d] for d in dims)
+    return (
+        mesh,
+        placements,
+        tuple(dims.index(d) for d in dims_a),
+        tuple(dims.index(d) for d in dims_b),
+    )

@@ -1,0 +1,235 @@
+"""One FSDP parameter: its sharded DTensor, and the unsharded tensor the module computes
+with (framework-neutral: tensors through the Platform, parameters through the
+:class:`~hyper_shard.fsdp._adapter.FSDPFramework`).
+
+* **original parameter**: what the module held when ``fully_shard`` ran — a plain tensor,
+  or a DTensor on a tensor-parallel sub-mesh.
+* **sharded parameter**: ``nn.Parameter(DTensor)`` holding this rank's dim-0 chunk
+  (``torch.chunk`` semantics) of the original's local data, on the data-parallel mesh
+  (``Shard(0)``; HSDP ``(Replicate(), Shard(0))``) or, for a tensor-parallel original, on
+  the mesh spanning both. Its own storage, contiguous, no padding: this is what the
+  optimizer steps and ``state_dict()`` returns.
+* **unsharded parameter**: an autograd leaf over ``n * slot`` elements of the all-gather
+  copy-out (the first ``numel`` are the value), created once and refilled in place at
+  each unshard (its memory is released at reshard, the object and every reference to it
+  stay valid): a plain tensor, or a DTensor with the original's spec.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..dtensor import DTensor
+from ..placement import Placement, grad_placement
+from ..spec import DTensorSpec, TensorMeta, chunk_sizes
+from ._mesh import MeshInfo, compose_mesh
+
+__all__ = ["FSDPParam"]
+
+
+class FSDPParam:
+    """One parameter of a unit (see the module docstring).
+
+    Args:
+        param: the original parameter.
+        sites: every ``(module, attribute name)`` that holds it (tied weights: several).
+        info: the unit's data-parallel mesh.
+        fw: the framework adapter; plat: the Platform.
+        offload: keep the shard (and gradient) in host memory.
+        pin: pin host memory.
+
+    Raises:
+        ValueError: a 0-d parameter, or a DTensor parameter on a mesh that does not
+            compose with the data-parallel mesh.
+    """
+
+    def __init__(
+        self,
+        param: Any,
+        sites: list[tuple[Any, str]],
+        info: MeshInfo,
+        fw: Any,
+        plat: Any,
+        fqn: str,
+        offload: bool = False,
+        pin: bool = False,
+    ) -> None:
+        self.sites = sites
+        self.unit_module: Any = None  # the module of the fully_shard call managing it
+        self.fw, self.plat, self.info = fw, plat, info
+        self.fqn = fqn
+        self.offload, self.pin = offload, pin
+        self.orig_uid = id(param)
+        req = fw.requires_grad(param)
+        if isinstance(param, DTensor):
+            ospec: DTensorSpec | None = param._spec
+            local = plat.detach(plat.local_of(param))
+        else:
+            ospec = None
+            local = plat.detach(param)
+        self.orig_spec = ospec
+        shape = tuple(plat.shape(local))
+        if not shape:
+            raise ValueError(
+                f"fully_shard: parameter {fqn!r} is 0-d; FSDP shards dim 0. Pass it in "
+                f"ignored_params, or make it 1-D"
+            )
+        self.shape = shape  # the unsharded (local) shape
+        n, c = info.shard_size, info.shard_coord
+        rows = chunk_sizes(shape[0], n)
+        start = sum(rows[:c])
+        meta = plat.tensor_meta(local)
+        # a copy in its own storage: the original's memory is released with it
+        shard_shape = (rows[c], *shape[1:])
+        shard = plat.empty_flat(_numel(shard_shape), meta.dtype, local)
+        plat.copy_flat(shard, plat.narrow(local, 0, start, rows[c]))
+        shard = plat.reshape(shard, shard_shape)
+        if offload:
+            shard = fw.to_host(shard, pin)
+        self.orig_dtype = meta.dtype
+        self.spec = self._sharded_spec(ospec, meta)
+        self.grad_spec = self.spec.with_placements(self._grad_placements())
+        self.sharded_param = fw.new_param(plat.make_leaf(shard, self.spec, False), req)
+        self.requires_grad = req
+        self.param_dtype: Any = None
+        self.reduce_dtype: Any = None
+        self.unsharded: Any = None  # the unsharded parameter (created at the 1st unshard)
+        self.buffer: Any = None  # its rank-major flat storage
+        self.acc_grad: Any = None  # gradient accumulated in reduce_dtype without sync
+        self.to_sharded()
+
+    # ------------------------------------------------------------------ layout
+    def _sharded_spec(self, ospec: DTensorSpec | None, meta: TensorMeta) -> DTensorSpec:
+        dp = self.info.placements
+        if ospec is None:
+            self.dp_dims: tuple[int, ...] = tuple(range(self.info.mesh.ndim))
+            self.tp_dims: tuple[int, ...] = ()
+            return DTensorSpec(self.info.mesh, dp, meta)
+        mesh, placements, dp_dims, tp_dims = compose_mesh(
+            self.info.mesh, dp, ospec.mesh, ospec.placements
+        )
+        self.dp_dims, self.tp_dims = dp_dims, tp_dims
+        gmeta = TensorMeta(ospec.shape, ospec.stride, meta.dtype, meta.itemsize)
+        # FSDP chunks the tensor-parallel local data along dim 0: its split comes after
+        # every split the original layout made (dim 0 of a Shard(0) tensor-parallel weight
+        # is split by tp first, then by dp), the other dims keep the original's order
+        order = [
+            (d, tuple(tp_dims[m] for m in ospec.split_order(d)))
+            for d in range(ospec.ndim)
+            if ospec.split_order(d)
+        ]
+        shard_dp = dp_dims[self.info.shard_dim]
+        order = [e for e in order if e[0] != 0]
+        order.append((0, tuple(tp_dims[m] for m in ospec.split_order(0)) + (shard_dp,)))
+        return DTensorSpec(mesh, placements, gmeta, order)
+
+    def _grad_placements(self) -> tuple[Placement, ...]:
+        """FSDP's gradient keeps the parameter's placements on the data-parallel dims
+        (reduce-scattered to ``Shard``, all-reduced to ``Replicate``) and the local-
+        derivative form of the tensor-parallel placements on the others (a ``Replicate``
+        tensor-parallel parameter's gradient is ``Partial(sum)`` there)."""
+        pl = list(self.spec.placements)
+        for m in self.tp_dims:
+            pl[m] = grad_placement(pl[m])
+        return tuple(pl)
+
+    # ------------------------------------------------------------------ states
+    def shard_local(self) -> Any:
+        """This rank's shard as a plain local tensor (an alias of the sharded parameter)."""
+        return self.plat.local_of(self.sharded_param)
+
+    def init_dtypes(self, param_dtype: Any, reduce_dtype: Any) -> None:
+        """Mixed precision (as FSDP2): no cast when the dtype already matches or the
+        parameter is not floating point; ``reduce_dtype`` defaults to ``param_dtype``."""
+        orig = self.orig_dtype
+        floating = getattr(orig, "is_floating_point", True)
+        self.param_dtype = None if param_dtype in (None, orig) or not floating else param_dtype
+        rd = reduce_dtype if reduce_dtype is not None else self.param_dtype
+        self.reduce_dtype = None if rd in (None, orig) else rd
+
+    @property
+    def compute_dtype(self) -> Any:
+        return self.param_dtype if self.param_dtype is not None else self.orig_dtype
+
+    def buffer_for(self, slot_numel: int, like: Any) -> Any:
+        """The rank-major flat storage of the unsharded parameter (allocated again if it
+        was freed), creating the unsharded parameter on first use."""
+        plat = self.plat
+        n = self.info.shard_size
+        if self.buffer is None:
+            self.buffer = plat.empty_flat(n * slot_numel, self.compute_dtype, like)
+            view = plat.narrow(self.buffer, 0, 0, _numel(self.shape))
+            view = plat.reshape(view, self.shape)
+            if self.orig_spec is None:
+                t = view
+            else:
+                o = self.orig_spec
+                meta = plat.tensor_meta(view, o.shape)._replace(stride=o.stride)
+                t = plat.make_leaf(view, DTensorSpec(o.mesh, o.placements, meta), False)
+            self.unsharded = self.fw.new_param(t, self.requires_grad)
+        else:
+            plat.alloc_storage(self.buffer)
+        return self.buffer
+
+    def to_sharded(self) -> None:
+        """Register the sharded parameter on every site and release the unsharded memory."""
+        for m, name in self.sites:
+            self.fw.set_param(m, name, self.sharded_param)
+        if self.buffer is not None:
+            self.plat.free_storage(self.buffer)
+
+    def to_unsharded(self) -> None:
+        """Register the (filled) unsharded parameter on every site."""
+        up = self.unsharded
+        req = self.fw.requires_grad(self.sharded_param)
+        if self.fw.requires_grad(up) != req:  # the user may have frozen it since
+            up.requires_grad_(req)
+        for m, name in self.sites:
+            self.fw.set_param(m, name, up)
+
+    def reset_sharded_param(self) -> None:
+        """Adopt a sharded parameter some module operation put in our place
+        (``to_empty``, ``load_state_dict(assign=True)``, ``.to(...)``): it must be a DTensor
+        with our layout; every site holds it afterwards.
+
+        Raises:
+            ValueError: the module now holds something that is not our sharded layout.
+        """
+        m, name = self.sites[0]
+        cur = dict(self.fw.direct_params(m)).get(name)
+        if cur is None or cur is self.sharded_param or cur is self.unsharded:
+            return
+        if not isinstance(cur, DTensor) or cur._spec.shape != self.spec.shape:
+            raise ValueError(
+                f"fully_shard: parameter {self.fqn!r} was replaced by a {type(cur).__name__} "
+                f"of shape {tuple(getattr(cur, 'shape', ()))}; it must stay a DTensor with "
+                f"the sharded layout {list(self.spec.placements)} of global shape "
+                f"{self.spec.shape} (load sharded state dicts, or copy into the parameter)"
+            )
+        if cur._spec.placements != self.spec.placements or cur._spec.mesh != self.spec.mesh:
+            raise ValueError(
+                f"fully_shard: parameter {self.fqn!r} was replaced by a DTensor with "
+                f"placements {list(cur._spec.placements)}; FSDP needs "
+                f"{list(self.spec.placements)} on {self.spec.mesh}"
+            )
+        self.sharded_param = cur
+        self.spec = cur._spec
+        self.grad_spec = self.spec.with_placements(self._grad_placements())
+        for mm, nn in self.sites:
+            self.fw.set_param(mm, nn, cur)
+        if self.buffer is not None and self.fw.device_type(self.buffer) != self.fw.device_type(
+            self.plat.local_of(cur)
+        ):
+            self.buffer = None  # moved device: re-created at the next unshard
+            self.unsharded = None
+
+    def __repr__(self) -> str:
+        pl = ", ".join(str(p) for p in self.spec.placements)
+        return f"FSDPParam({self.fqn}: {list(self.spec.shape)} [{pl}])"
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n

@@ -1,0 +1,228 @@
+"""The state of one ``fully_shard`` call and the root-level coordination (framework-
+neutral): lazy initialisation at the root's first forward, the per-iteration root, the
+final callback of backward, and prefetch order.
+
+Prefetch: in forward, a unit starts the all-gather of the unit that ran after it in the
+previous iteration (or the units named by ``set_modules_to_forward_prefetch``); in
+backward, the unit that ran before it in this iteration's forward (or those named by
+``set_modules_to_backward_prefetch``). Where the backend runs collectives asynchronously
+the all-gather overlaps the current unit's compute.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._group import CommContext, FSDPParamGroup, TrainingState
+
+__all__ = ["FSDPState", "StateContext", "state_of"]
+
+_ATTR = "_hs_fsdp_state"
+
+
+def state_of(module: Any) -> FSDPState | None:
+    """The FSDP state of a module ``fully_shard`` was applied to, else None."""
+    st = module.__dict__.get(_ATTR) if hasattr(module, "__dict__") else None
+    return st if isinstance(st, FSDPState) else None
+
+
+class StateContext:
+    """Shared by every state under one root."""
+
+    def __init__(self) -> None:
+        self.all_states: list[FSDPState] = []
+        self.iter_forward_root: FSDPState | None = None
+        self.callback_queued = False
+        self.is_last_backward = True
+
+
+class FSDPState:
+    """One ``fully_shard`` call: its modules, its unit (None if it manages no parameter)
+    and its hooks' logic.
+
+    Args:
+        modules: the modules (one).
+        group: the unit of its parameters, or None.
+        fw: the framework adapter.
+        mp: the mixed-precision policy (input/output casts).
+        auto_reshard: ``reshard_after_forward`` was left to FSDP (the root keeps its
+            parameters unsharded after forward).
+    """
+
+    def __init__(
+        self,
+        modules: tuple[Any, ...],
+        group: FSDPParamGroup | None,
+        fw: Any,
+        mp: Any,
+        auto_reshard: bool,
+    ) -> None:
+        self.modules = modules
+        self.group = group
+        self.fw = fw
+        self.mp = mp
+        self.auto_reshard = auto_reshard
+        self.is_root: bool | None = None
+        self.ctx = StateContext()
+        self.comm = group.comm if group is not None else CommContext()
+        self.training_state = TrainingState.IDLE
+        self.forward_prefetch: list[FSDPState] | None = None
+        self.backward_prefetch: list[FSDPState] | None = None
+        for m in modules:
+            m.__dict__[_ATTR] = self
+
+    # ------------------------------------------------------------------ lazy init
+    def _lazy_init(self) -> None:
+        if self.is_root is not None:
+            return
+        self.is_root = True
+        root = self.modules[0]
+        states: list[FSDPState] = []
+        for name, m in self.fw.named_modules(root):
+            st = state_of(m)
+            if st is None or st in states:
+                continue
+            if st is not self:
+                if st.is_root is not None:
+                    raise RuntimeError(
+                        f"fully_shard: the unit at {name!r} already ran forward as a root; run "
+                        f"forward through the root module first (fully_shard the root before "
+                        f"the first forward, and call the root)"
+                    )
+                st.is_root = False
+            states.append(st)
+            if st.group is not None:
+                st.group.fqn = name
+        self.ctx.all_states = states
+        if self.auto_reshard and self.group is not None:
+            self.group.reshard_after_forward = False
+        comm = self.comm
+        for st in states:
+            st.ctx = self.ctx
+            st.comm = comm
+            if st.group is not None:
+                st.group.comm = comm
+        seen: dict[int, str] = {}
+        for st in states:
+            if st.group is None:
+                continue
+            for p in st.group.params:
+                if p.orig_uid in seen:
+                    raise ValueError(
+                        f"fully_shard: parameter {p.fqn!r} is shared with {seen[p.orig_uid]!r} of "
+                        f"another unit; tied parameters must belong to one unit (fully_shard a "
+                        f"module containing every user of the weight)"
+                    )
+                seen[p.orig_uid] = p.fqn
+            st.group.lazy_init()
+
+    # ------------------------------------------------------------------ forward
+    def pre_forward(self, module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if self.training_state is TrainingState.PRE_BACKWARD:  # a recomputed forward
+            if self.group is not None and not self.group.unsharded:
+                self.group.unshard()
+                self.group.wait_for_unshard()
+            return self._cast_inputs(args, kwargs)
+        first = self.training_state is not TrainingState.FORWARD
+        self.training_state = TrainingState.FORWARD
+        if first and self.ctx.iter_forward_root is None:
+            self._lazy_init()
+            self.ctx.iter_forward_root = self
+            comm = self.comm
+            comm.last_forward_order = comm.pre_forward_order
+            comm.pre_forward_order = []
+            comm.post_forward_order.clear()
+        args, kwargs = self._cast_inputs(args, kwargs)
+        g = self.group
+        if g is not None:
+            if first:
+                self.comm.pre_forward_order.append(g)
+            args, kwargs = g.pre_forward(args, kwargs)
+            if first:
+                self._forward_prefetch(g)
+        return args, kwargs
+
+    def _forward_prefetch(self, g: FSDPParamGroup) -> None:
+        if self.forward_prefetch is not None:
+            for st in self.forward_prefetch:
+                if st.group is not None:
+                    st.group.prefetch(TrainingState.FORWARD)
+            return
+        order = self.comm.last_forward_order
+        try:
+            i = order.index(g)
+        except ValueError:
+            return
+        if i + 1 < len(order) and order[i + 1] is not g:
+            order[i + 1].prefetch(TrainingState.FORWARD)
+
+    def post_forward(self, module: Any, args: Any, output: Any) -> Any:
+        fw = self.fw
+        if self.training_state is TrainingState.PRE_BACKWARD:
+            return self._cast_output(output)
+        if self.group is not None:
+            self.group.post_forward()
+        if fw.grad_enabled():
+            output = fw.hook_outputs(output, self.pre_backward)
+        self.training_state = TrainingState.IDLE
+        if self.ctx.iter_forward_root is self:
+            self.ctx.iter_forward_root = None
+            for st in self.ctx.all_states:  # prefetches nobody consumed
+                if st.group is not None and st.group.training_state is TrainingState.IDLE:
+                    st.group.discard_pending_unshard()
+        return self._cast_output(output)
+
+    def _cast_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        mp = self.mp
+        if not (mp.cast_forward_inputs and mp.param_dtype is not None):
+            return args, kwargs
+        fw = self.fw
+        return fw.cast_floats(args, mp.param_dtype), fw.cast_floats(kwargs, mp.param_dtype)
+
+    def _cast_output(self, output: Any) -> Any:
+        if self.mp.output_dtype is None:
+            return output
+        return self.fw.cast_floats(output, self.mp.output_dtype)
+
+    # ------------------------------------------------------------------ backward
+    def pre_backward(self) -> None:
+        if self.training_state is TrainingState.PRE_BACKWARD:
+            return
+        self.training_state = TrainingState.PRE_BACKWARD
+        if not self.ctx.callback_queued:
+            self.ctx.callback_queued = True
+            root = self._root_state()
+            self.fw.queue_callback(root.final_callback)
+        g = self.group
+        if g is not None:
+            g.pre_backward(prefetch=self.backward_prefetch is None)
+        if self.backward_prefetch is not None:
+            for st in self.backward_prefetch:
+                if st.group is not None:
+                    st.group.prefetch(TrainingState.PRE_BACKWARD)
+
+    def _root_state(self) -> FSDPState:
+        for st in self.ctx.all_states:
+            if st.is_root:
+                return st
+        return self
+
+    def final_callback(self) -> None:
+        """End of backward (queued by the first pre-backward hook): units whose
+        post-backward did not run (no input needed a gradient, or unused this step) run
+        it now; every reduce completes."""
+        ctx = self.ctx
+        for st in ctx.all_states:
+            g = st.group
+            if g is not None:
+                if g.training_state is not TrainingState.POST_BACKWARD:
+                    g.post_backward()
+                g.training_state = TrainingState.IDLE
+            st.training_state = TrainingState.IDLE
+        if ctx.is_last_backward:
+            for st in ctx.all_states:
+                if st.group is not None:
+                    st.group.finalize_backward()
+            self.comm.post_forward_order.clear()
+        ctx.callback_queued = False
+        ctx.iter_forward_root = None

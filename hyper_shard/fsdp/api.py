@@ -1,0 +1,282 @@
+"""``fully_shard`` (as PyTorch FSDP2's ``torch.distributed.fsdp.fully_shard``).
+
+Framework-neutral: which parameters a call manages, checks, and the wiring of the state,
+the unit and the hooks; the framework's side goes through :mod:`._adapter`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..dtensor import DTensor, redistribute_local
+from ..mesh import DeviceMesh
+from ..spec import DTensorSpec
+from ._adapter import framework_for
+from ._group import FSDPParamGroup
+from ._mesh import MeshInfo
+from ._param import FSDPParam
+from ._policy import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+from ._state import FSDPState, state_of
+
+__all__ = ["fully_shard"]
+
+_NO_MIXED_PRECISION = MixedPrecisionPolicy()
+#: the attribute marking a sharded parameter (value: its FSDPParam)
+_SHARDED = "_hs_fsdp_param"
+
+
+def fully_shard(
+    module: Any,
+    *,
+    mesh: DeviceMesh | None = None,
+    reshard_after_forward: bool | int | None = None,
+    shard_placement_fn: Callable[[Any], Any] | None = None,
+    mp_policy: MixedPrecisionPolicy = _NO_MIXED_PRECISION,
+    offload_policy: OffloadPolicy | None = None,
+    ignored_params: set[Any] | None = None,
+) -> Any:
+    """Shard ``module``'s parameters over the data-parallel ranks (as FSDP2's
+    ``fully_shard``): apply it to each block, then to the root.
+
+    The parameters of ``module`` not already managed by an earlier call on a submodule
+    become ``nn.Parameter(DTensor)`` holding this rank's dim-0 chunk (``torch.chunk``
+    semantics, uneven sizes included): ``(Shard(0),)`` on a 1-D mesh, ``(Replicate(),
+    Shard(0))`` on a 2-D ``("replicate", "shard")`` mesh (HSDP). A parameter that is
+    already a DTensor on a tensor-parallel sub-mesh of the same root mesh (after
+    ``parallelize_module(model, mesh["tp"], plan)``) becomes a DTensor on the mesh
+    spanning both, with its tensor-parallel placements kept. The optimizer steps these
+    sharded parameters; ``state_dict()`` returns them.
+
+    Before each forward the unit's parameters are all-gathered in one collective (a flat
+    buffer, in ``mp_policy.param_dtype``) and the module computes with the unsharded
+    tensors; after forward they are freed if ``reshard_after_forward`` and gathered again
+    before backward; after backward the gradients are reduce-scattered in one collective
+    (the mean over the data-parallel ranks, in ``reduce_dtype``; HSDP then all-reduces
+    over the replicate dim) into ``Shard(0)`` DTensor gradients (``Replicate`` on the
+    replicate dim). The next unit's all-gather is prefetched (asynchronously where the
+    backend can).
+
+    Args:
+        module: a ``torch.nn.Module``; its class becomes ``FSDP<Class>``, a subclass of
+            :class:`FSDPModule` (``reshard``, ``unshard``, ``set_requires_gradient_sync``...).
+        mesh: the data-parallel mesh (1-D FSDP or 2-D HSDP); default: all ranks, 1-D.
+        reshard_after_forward: True: free after forward (gather again in backward);
+            False: keep until after backward; None (default, as FSDP2): True except for
+            the root, which keeps its parameters for the backward that follows at once.
+        shard_placement_fn: only None (dim-0 sharding) is supported.
+        mp_policy: mixed precision (:class:`MixedPrecisionPolicy`).
+        offload_policy: :class:`CPUOffloadPolicy` keeps shards, gradients and optimizer
+            state in host memory; None or :class:`OffloadPolicy`: no offloading.
+        ignored_params: parameters left alone (not sharded, not reduced).
+
+    Returns:
+        ``module`` (its class swapped).
+
+    Raises:
+        ValueError: ``fully_shard`` already applied to ``module``; a mesh that does not
+            contain this rank or is not 1-D/2-D; a parameter that another unit already
+            manages (fully_shard bottom-up: submodules first) or shares with another unit;
+            a 0-d parameter; an int ``reshard_after_forward`` of the wrong kind.
+        NotImplementedError: a list of modules, a ``shard_placement_fn``, or an int
+            ``reshard_after_forward`` (resharding to a smaller mesh).
+        TypeError: ``module`` is not a ``torch.nn.Module``.
+    """
+    if isinstance(module, (list, tuple)):
+        raise NotImplementedError(
+            "fully_shard([modules...]): grouping several modules into one unit is not "
+            "supported; fully_shard a module that contains them"
+        )
+    fw = framework_for(module)
+    if state_of(module) is not None:
+        raise ValueError(
+            f"fully_shard was already applied to this {type(module).__name__}; apply it once "
+            f"per module (each call makes one unit)"
+        )
+    if shard_placement_fn is not None:
+        raise NotImplementedError(
+            "fully_shard(shard_placement_fn=...): only dim-0 sharding is supported; leave "
+            "shard_placement_fn=None"
+        )
+    if isinstance(reshard_after_forward, int) and not isinstance(reshard_after_forward, bool):
+        raise NotImplementedError(
+            f"fully_shard(reshard_after_forward={reshard_after_forward}): resharding to a "
+            f"smaller mesh after forward is not supported; pass True, False or None"
+        )
+    if reshard_after_forward is not None and not isinstance(reshard_after_forward, bool):
+        raise ValueError(
+            f"fully_shard: reshard_after_forward must be a bool or None, got "
+            f"{reshard_after_forward!r}"
+        )
+    if offload_policy is not None and not isinstance(offload_policy, OffloadPolicy):
+        raise TypeError(
+            f"fully_shard: offload_policy must be an OffloadPolicy (e.g. CPUOffloadPolicy()), "
+            f"got {type(offload_policy).__name__}"
+        )
+    if not isinstance(mp_policy, MixedPrecisionPolicy):
+        raise TypeError(
+            f"fully_shard: mp_policy must be a MixedPrecisionPolicy, got {type(mp_policy).__name__}"
+        )
+    if mesh is None:
+        mesh = _default_mesh(module, fw)
+    info = MeshInfo(mesh)
+    plat = mesh.platform
+    offload = isinstance(offload_policy, CPUOffloadPolicy)
+    pin = bool(getattr(offload_policy, "pin_memory", False))
+    params = _managed_params(module, fw, set(map(id, ignored_params or ())))
+    fparams = []
+    for (fqn, p), sites in params:
+        fp = FSDPParam(p, sites, info, fw, plat, fqn, offload, pin)
+        fp.unit_module = module
+        fp.sharded_param.__dict__[_SHARDED] = fp
+        p.__dict__["_hs_fsdp_claimed"] = f"{type(module).__name__}.{fqn}"
+        fparams.append(fp)
+    group = None
+    if fparams:
+        group = FSDPParamGroup(fparams, (module,), info, mp_policy, fw, plat, offload)
+        group.reshard_after_forward = reshard_after_forward is not False
+        group.async_prefetch = plat.name == "torch"
+    state = FSDPState((module,), group, fw, mp_policy, reshard_after_forward is None)
+    fw.register_forward_hooks(module, state.pre_forward, state.post_forward)
+    if group is not None:
+        _register_state_dict_hooks(fw, group)
+    module.__class__ = fw.fsdp_class(type(module))
+    return module
+
+
+def _default_mesh(module: Any, fw: Any) -> DeviceMesh:
+    from ..mesh import init_device_mesh
+
+    dev = "cpu"
+    for _, m in fw.named_modules(module):
+        for _, p in fw.direct_params(m):
+            t = p._spec.mesh.device_type if isinstance(p, DTensor) else fw.device_type(p)
+            dev = "cpu" if t == "meta" else t
+            break
+        else:
+            continue
+        break
+    from ..platform.select import get_platform
+
+    plat = get_platform(None, device_type=dev)
+    plat.ensure_initialized(dev)
+    return init_device_mesh(dev, (plat.get_world_size(),))
+
+
+def _managed_params(
+    module: Any, fw: Any, ignored: set[int]
+) -> list[tuple[tuple[str, Any], list[tuple[Any, str]]]]:
+    """``((fqn, parameter), sites)`` of every parameter this call manages: in ``module``'s
+    tree, not ignored, not a sharded parameter of an earlier call.
+
+    Raises:
+        ValueError: a parameter an earlier call claimed (its original object is still used
+            here: a weight shared with another unit), or a sharded parameter of an earlier
+            call on an ancestor (fully_shard must go bottom-up).
+    """
+    found: dict[int, tuple[str, Any]] = {}
+    sites: dict[int, list[tuple[Any, str]]] = {}
+    named = fw.named_modules(module)
+    inside = {id(m) for _, m in named}
+    for mname, m in named:
+        for pname, p in fw.direct_params(m):
+            fqn = f"{mname}.{pname}" if mname else pname
+            if id(p) in ignored:
+                continue
+            owner = p.__dict__.get(_SHARDED)
+            if owner is not None:
+                if id(owner.unit_module) not in inside:
+                    raise ValueError(
+                        f"fully_shard: parameter {fqn!r} already belongs to the unit of an "
+                        f"enclosing module; apply fully_shard bottom-up (blocks first, the "
+                        f"root last)"
+                    )
+                continue
+            claimed = p.__dict__.get("_hs_fsdp_claimed")
+            if claimed is not None:
+                raise ValueError(
+                    f"fully_shard: parameter {type(module).__name__ + '.' + fqn!r} is the same "
+                    f"tensor as {claimed!r}, which "
+                    f"another fully_shard unit already manages (a tied weight shared between "
+                    f"two units); put every module using it in one unit (fully_shard their "
+                    f"common parent only), or untie the weights"
+                )
+            if id(p) not in found:
+                found[id(p)] = (fqn, p)
+                sites[id(p)] = []
+            sites[id(p)].append((m, pname))
+    return [(found[k], sites[k]) for k in found]
+
+
+def _register_state_dict_hooks(fw: Any, group: FSDPParamGroup) -> None:
+    """``state_dict()`` reshards first (it returns the sharded DTensors); before a module
+    loads its entries, a full tensor (every rank holds the whole value) is cut to this
+    rank's shard and a DTensor of another layout redistributed, so ``load_state_dict``
+    takes sharded or full state dicts."""
+    by_module: dict[int, tuple[Any, list[tuple[str, FSDPParam]]]] = {}
+    for fp in group.params:
+        for m, name in fp.sites:
+            by_module.setdefault(id(m), (m, []))[1].append((name, fp))
+
+    def pre_save() -> None:
+        group.discard_pending_unshard()
+        group.reshard()
+
+    for m, entries in by_module.values():
+
+        def pre_load(sd: dict, prefix: str, entries: list = entries) -> None:
+            pre_save()
+            for name, fp in entries:
+                key = prefix + name
+                if key in sd:
+                    sd[key] = _to_sharded_value(fp, sd[key], key)
+
+        fw.register_state_dict_hooks(m, pre_save, pre_load)
+
+
+def _to_sharded_value(fp: FSDPParam, value: Any, key: str) -> Any:
+    """A state-dict value as a DTensor with ``fp``'s sharded layout.
+
+    Raises:
+        ValueError: a plain tensor or DTensor whose global shape is not the parameter's.
+    """
+    spec = fp.spec
+    plat = spec.mesh.platform
+    if isinstance(value, DTensor):
+        vs = value._spec
+        if vs.shape != spec.shape:
+            raise ValueError(
+                f"load_state_dict: {key!r} has global shape {tuple(vs.shape)}, the parameter "
+                f"{tuple(spec.shape)}"
+            )
+        if vs.mesh == spec.mesh and vs.placements == spec.placements:
+            return value  # copy_ casts a dtype difference and matches shard orders
+        if vs.mesh != spec.mesh:
+            value = value.full_tensor()
+        else:
+            dst = DTensorSpec(spec.mesh, spec.placements, vs.tensor_meta, spec.shard_order)
+            local = redistribute_local(plat, plat.local_of(value), vs, dst)
+            return plat.wrap(local, dst)
+    if not plat.is_tensor(value):
+        return value
+    shape = tuple(plat.shape(value))
+    if shape != tuple(spec.shape):
+        raise ValueError(
+            f"load_state_dict: {key!r} is a plain tensor of shape {shape}; a full state dict "
+            f"entry must have the parameter's global shape {tuple(spec.shape)} (or load a "
+            f"sharded state dict of DTensors)"
+        )
+    return _shard_of_full(plat, value, spec)
+
+
+def _shard_of_full(plat: Any, full: Any, spec: DTensorSpec) -> Any:
+    """This rank's box of a full tensor under ``spec`` (no communication)."""
+    shape, offset = spec.local_shape_and_offset()
+    t = plat.detach(full)
+    for d, (o, ln) in enumerate(zip(offset, shape)):
+        if ln != plat.shape(t)[d]:
+            t = plat.narrow(t, d, o, ln)
+    meta = plat.tensor_meta(t, spec.shape)._replace(stride=spec.stride)
+    return plat.wrap(
+        plat.contiguous(t), DTensorSpec(spec.mesh, spec.placements, meta, spec.shard_order)
+    )

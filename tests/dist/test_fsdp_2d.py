@@ -1,0 +1,123 @@
+"""FSDP over tensor parallelism on a ("dp", "tp") = (2, 2) mesh (4 gloo ranks):
+``parallelize_module(model, mesh["tp"], plan)`` then ``fully_shard(block, mesh=mesh["dp"])``
+against the same model trained in one process on the whole batch.
+
+Column-parallel weights and the vocab-parallel embedding/head are ``Shard(0)`` on tp and
+sharded again along dim 0 over dp: tp splits first (``shard_order`` ``0: [1, 0]``), so the
+2-D DTensor keeps the true global element order — every gradient's and parameter's
+``full_tensor()``, ``redistribute``, the optimizer's foreach ops, ``clip_grad_norm_``, meta
+init through the RNG tracker and full/sharded state dicts are exact. Shapes are uneven
+(vocab 11, MLP width 5)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.dist._fsdp_models import TinyNet, assert_same_training, batches, make_net, train
+from tests.dist.test_fsdp import _init_weights, _mean_over, _shard
+
+pytestmark = pytest.mark.multiproc
+
+
+def _plan(hp, Replicate):  # noqa: ANN001, ANN202, N803
+    return {
+        "emb": hp.RowwiseParallel(input_layouts=Replicate()),
+        "blocks.*.up": hp.ColwiseParallel(),
+        "blocks.*.down": hp.RowwiseParallel(),
+        "head": hp.ColwiseParallel(output_layouts=Replicate()),
+    }
+
+
+def check_fsdp_tp(rank, world, hsdp):
+    from hyper_shard import DTensor, Replicate, Shard, init_device_mesh
+    from hyper_shard import parallel as hp
+
+    if hsdp:  # 4 ranks: ("rep", "shard", "tp") = (2, 1, 2), the HSDP mesh composed with tp
+        mesh = init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=("rep", "shard", "tp"))
+        dp_mesh = mesh[("rep", "shard")]
+        dp_rank = mesh.get_coordinate()[0]
+        dp_group = dp_mesh.get_group("rep")
+    else:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        dp_mesh = mesh["dp"]
+        dp_rank = mesh.get_coordinate()[0]
+        dp_group = dp_mesh.get_group()
+    data = batches(2, 2)
+    ref_model = make_net()
+    ref = train(ref_model, data, 0, 1)
+    model = make_net()
+    hp.parallelize_module(model, mesh["tp"], _plan(hp, Replicate))
+    _shard(model, dp_mesh)
+    w = model.blocks[0].up.weight
+    assert w.device_mesh == mesh and w.placements[-1] == Shard(0)
+    if not hsdp:
+        assert w._spec.split_order(0) == (1, 0)
+    got = train(model, data, dp_rank, 2, mean_loss=_mean_over(2, dp_group))
+    assert_same_training(got, ref)
+    if hsdp:
+        return got["loss"]
+
+    # ---- the ordered layout through DTensor ops
+    params = dict(model.named_parameters())
+    assert all(isinstance(q, DTensor) for q in params.values())
+    for name in ("emb.weight", "blocks.1.up.weight", "head.weight"):
+        q = params[name]
+        full = q.full_tensor()
+        for target in ([Replicate(), Shard(0)], [Shard(1), Shard(0)], [Shard(0), Shard(0)]):
+            moved = q.redistribute(q.device_mesh, target)
+            assert torch.equal(moved.full_tensor(), full), (name, target)
+        assert torch.equal((q * 2 + 1).full_tensor(), full * 2 + 1)
+        assert torch.equal(torch.zeros_like(q).full_tensor(), torch.zeros_like(full))
+        torch.testing.assert_close(q.sum(0).full_tensor(), full.sum(0), rtol=1e-5, atol=1e-6)
+    # clip_grad_norm_ over the 2-D parameters (one mesh), against the same on one device
+    ids, y = data[0]
+    from tests.dist._fsdp_models import loss_of
+
+    ref_model.zero_grad()
+    loss_of(ref_model(ids), y).backward()
+    loss_of(model(ids.chunk(2)[dp_rank]), y.chunk(2)[dp_rank]).backward()
+    names = [n for n, p in model.named_parameters() if p.device_mesh == mesh]
+    rparams = dict(ref_model.named_parameters())
+    nr = torch.nn.utils.clip_grad_norm_([rparams[n] for n in names], 0.05)
+    nt = torch.nn.utils.clip_grad_norm_([params[n] for n in names], 0.05)
+    torch.testing.assert_close(nt.full_tensor(), nr, rtol=1e-5, atol=1e-6)
+    for n in names:
+        torch.testing.assert_close(params[n].grad.full_tensor(), rparams[n].grad, rtol=1e-5, atol=1e-6)
+    # ---- state dicts: sharded and full round trips, and meta-device init
+    sd = model.state_dict()
+    full = {k: v.full_tensor() for k, v in sd.items()}
+    for source in (sd, full):
+        other = make_net(seed=7)
+        hp.parallelize_module(other, mesh["tp"], _plan(hp, Replicate))
+        _shard(other, dp_mesh)
+        other.load_state_dict(source)
+        for k, v in other.state_dict().items():
+            assert v._spec == sd[k]._spec, (k, v._spec, sd[k]._spec)
+            assert torch.equal(v.full_tensor(), full[k]), (k, type(source[k]).__name__)
+    with torch.device("meta"):
+        lazy = TinyNet()
+    hp.parallelize_module(lazy, mesh["tp"], _plan(hp, Replicate), src_data_rank=None)
+    _shard(lazy, dp_mesh)
+    lazy.to_empty(device="cpu")
+    torch.manual_seed(3)
+    _init_weights(lazy)
+    with torch.device("meta"):
+        one = TinyNet()
+    one.to_empty(device="cpu")
+    torch.manual_seed(3)
+    _init_weights(one)
+    for (n, p), q in zip(lazy.named_parameters(), one.parameters()):
+        assert p._spec == params[n]._spec, n
+        assert torch.equal(p.full_tensor(), q), n
+    assert_same_training(
+        train(lazy, data[:1], dp_rank, 2, mean_loss=_mean_over(2, dp_group)),
+        train(one, data[:1], 0, 1),
+    )
+    return got["loss"]
+
+
+@pytest.mark.parametrize("hsdp", [False, True], ids=["fsdp_tp", "hsdp_tp"])
+def test_fsdp_over_tensor_parallel_matches_single_process(dist4, hsdp):
+    out = dist4.run(check_fsdp_tp, hsdp)
+    assert all(o == out[0] for o in out)
