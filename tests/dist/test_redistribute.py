@@ -12,21 +12,9 @@ from hyper_shard import DTensor, Partial, Replicate, Shard, distribute_tensor, i
 from hyper_shard.placement import Placement
 from hyper_shard.spec import DTensorSpec, TensorMeta, contiguous_stride
 
+from tests._move import move as _move
+
 pytestmark = pytest.mark.multiproc
-
-
-def _move(x, dst):
-    """``x.redistribute(mesh, dst)``; a Partial target the source does not already have is
-    internal-only in the public API (as PyTorch), so those plans run through the executor
-    directly (what ops and styles use), the same autograd-aware path."""
-    from hyper_shard.dtensor import redistribute_local
-
-    spec = x._spec
-    if not any(type(p) is Partial and p != q for p, q in zip(dst, spec.placements)):
-        return x.redistribute(spec.mesh, dst)
-    plat = spec.mesh.platform
-    tgt = spec.with_placements(dst)
-    return plat.wrap(redistribute_local(plat, plat.local_of(x), spec, tgt), tgt)
 
 
 def _options(ndim: int, partials: tuple[str, ...] = ("sum",)) -> list[Placement]:
