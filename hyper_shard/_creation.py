@@ -76,7 +76,9 @@ def infer_global_shape(
     that is not ``torch.chunk``'s.
 
     Raises:
-        ValueError: local sizes that are not the ``torch.chunk`` layout of their sum.
+        ValueError: local sizes that are not the ``torch.chunk`` layout of their sum, or
+            local shapes that differ on a dim the mesh dim does not shard (the gather of
+            the shapes that infers the size shows it).
     """
     shape = list(local_shape)
     bad = ""
@@ -85,9 +87,18 @@ def infer_global_shape(
         p = placements[m]
         if type(p) is not Shard:
             continue
-        sizes = plat.all_gather_object(shape[p.dim], mesh._group(m), mesh.shape[m])
+        shapes = plat.all_gather_object(tuple(shape), mesh._group(m), mesh.shape[m])
+        sizes = [s[p.dim] if len(s) > p.dim else 0 for s in shapes]
         total = sum(sizes)
         expect = chunk_sizes(total, mesh.shape[m])
+        others = {tuple(x for i, x in enumerate(s) if i != p.dim) for s in shapes}
+        if len(others) > 1 and not bad:  # the same gather: free to check
+            bad = (
+                f"DTensor.from_local: the local shapes {[list(s) for s in shapes]} on mesh dim "
+                f"{m} ({p}) differ outside the sharded tensor dim {p.dim}, so they form no one "
+                f"tensor; every rank must pass a shard of the same global tensor (same sizes "
+                f"on every dim but the sharded one)"
+            )
         if list(sizes) != expect and not bad:
             bad = (
                 f"DTensor.from_local: local sizes {list(sizes)} along tensor dim {p.dim} on "

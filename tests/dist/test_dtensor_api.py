@@ -36,6 +36,11 @@ def check_from_local_uneven(rank, world):
     # ... and without shape: the gathered sizes are checked, the same error on both ranks
     with pytest.raises(ValueError, match=r"local sizes \[2, 3\]"):
         DTensor.from_local(bad, mesh, [Shard(1)])
+    # local shapes that differ outside the sharded dim form no tensor: raised on both
+    # ranks from the same gather (PyTorch DTensor returns a different shape on each rank)
+    odd = torch.zeros(2, 2) if rank == 0 else torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"differ outside the sharded tensor dim 0"):
+        DTensor.from_local(odd, mesh, [Shard(0)])
     # the process group is still usable afterwards
     torch.testing.assert_close(dt.redistribute(mesh, [Shard(0)]).full_tensor(), glob)
     return True
