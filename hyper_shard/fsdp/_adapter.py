@@ -2,8 +2,9 @@
 
 The core (:mod:`._group`, :mod:`._state`, :mod:`._param`) plans buffers and runs the
 state machine; it reaches the framework only through a :class:`FSDPFramework` (torch:
-:mod:`hyper_shard.fsdp._torch`) and the mesh's Platform (tensors and collectives). MindSpore
-(:mod:`hyper_shard.fsdp._mindspore`) implements it for ``nn.Cell``. Nothing here imports a framework.
+:mod:`hyper_shard.fsdp._torch`) and the mesh's Platform (tensors and collectives).
+MindSpore (:mod:`hyper_shard.fsdp._mindspore`) implements it for ``nn.Cell`` and builds
+its units itself (:attr:`FSDPFramework.own_units`). Nothing here imports a framework.
 """
 
 from __future__ import annotations

@@ -126,19 +126,29 @@ class MSUnit:
 
     # ------------------------------------------------------------------ hooks
     def pre_forward(self, _cell: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        for (p, _), _s in zip(self.params, self.layout.slots):
-            if not isinstance(p, DTensor):  # someone replaced the parameter
+        self.show_unsharded()
+        return args, kwargs
+
+    def show_unsharded(self) -> None:
+        """Gather (one all-gather) and set every unsharded value as its Cell's attribute.
+
+        Raises:
+            RuntimeError: a managed parameter was replaced by something other than the
+                sharded DTensor parameter (update parameters in place instead).
+        """
+        for p, _ in self.params:
+            if not isinstance(p, DTensor):
                 raise RuntimeError(
                     f"fully_shard: {p.name!r} is no longer the sharded DTensor parameter "
                     f"fully_shard made; update parameters in place (optimizer, "
                     f"assign_value) instead of replacing them"
                 )
+        self.reshard()
         values = self.unshard()
         for (_, sites), v in zip(self.params, values):
             for m, name in sites:
                 object.__setattr__(m, name, v)  # found before Cell.__getattr__'s _params
                 self._set.append((m, name))
-        return args, kwargs
 
     def post_forward(self, _cell: Any, args: Any, output: Any) -> Any:
         self.reshard()
@@ -247,15 +257,45 @@ def _shard(plat: Any, info: MeshInfo, p: Any) -> Any:
 
 
 class MSFSDPCell(FSDPModule):
-    """The MindSpore ``FSDP<Cell>`` base: ``reshard()`` and ``unshard()`` (returns the
-    unsharded values as plain tensors; FSDP2's async handle does not apply). The
-    gradient-sync and prefetch setters of :class:`FSDPModule` are torch-only."""
+    """The MindSpore ``FSDP<Cell>`` base: ``unshard()`` (the Cells show their unsharded
+    parameters, plain tensors, until ``reshard()``) and ``reshard()``. The gradient-sync,
+    resharding and prefetch setters of :class:`FSDPModule` are torch-only (they raise)."""
 
     def reshard(self) -> None:
-        unit = self.__dict__.get("_hs_fsdp_unit")
-        if unit is not None:
-            unit.reshard()
+        _unit(self).reshard()
 
-    def unshard(self, async_op: bool = False) -> Any:  # type: ignore[override]
-        unit = self.__dict__.get("_hs_fsdp_unit")
-        return None if unit is None else unit.unshard()
+    def unshard(self, async_op: bool = False) -> None:  # type: ignore[override]
+        """Gather the unit's parameters now (synchronously: ``async_op`` is accepted for
+        FSDP2 compatibility); the Cells compute with them until :meth:`reshard`."""
+        _unit(self).show_unsharded()
+
+    def _torch_only(self, name: str) -> None:
+        raise NotImplementedError(
+            f"{type(self).__name__}.{name}: not supported on MindSpore Cells (functional "
+            f"autograd: every backward reduce-scatters, nothing is prefetched)"
+        )
+
+    def set_requires_gradient_sync(self, *a: Any, **k: Any) -> None:
+        self._torch_only("set_requires_gradient_sync")
+
+    def set_requires_all_reduce(self, *a: Any, **k: Any) -> None:
+        self._torch_only("set_requires_all_reduce")
+
+    def set_reshard_after_forward(self, *a: Any, **k: Any) -> None:
+        self._torch_only("set_reshard_after_forward")
+
+    def set_reshard_after_backward(self, *a: Any, **k: Any) -> None:
+        self._torch_only("set_reshard_after_backward")
+
+    def set_is_last_backward(self, *a: Any, **k: Any) -> None:
+        self._torch_only("set_is_last_backward")
+
+    def set_modules_to_forward_prefetch(self, *a: Any, **k: Any) -> None:
+        self._torch_only("set_modules_to_forward_prefetch")
+
+    def set_modules_to_backward_prefetch(self, *a: Any, **k: Any) -> None:
+        self._torch_only("set_modules_to_backward_prefetch")
+
+
+def _unit(cell: Any) -> MSUnit:
+    return cell.__dict__["_hs_fsdp_unit"]  # type: ignore[no-any-return]

@@ -164,6 +164,18 @@ def check_fsdp_errors(rank: int, world: int) -> dict:
             out[key] = "no error"
         except Exception as e:  # noqa: BLE001 - the type is asserted by the test
             out[key] = f"{type(e).__name__}: {e}"
+    # unshard(): the Cell shows the full weight (a plain tensor) until reshard()
+    net.b1.unshard()
+    w = net.b1.lin.weight
+    out["unsharded"] = (isinstance(w, hs.DTensor), tuple(w.shape))
+    net.b1.reshard()
+    w = net.b1.lin.weight
+    out["resharded"] = (isinstance(w, hs.DTensor), str(w.placements), tuple(w.to_local().shape))
+    try:
+        net.b1.set_requires_gradient_sync(False)
+        out["sync"] = "no error"
+    except NotImplementedError as e:
+        out["sync"] = str(e)
     del nn
     return out
 
@@ -174,3 +186,32 @@ def test_fully_shard_cell_errors(ms2):
     assert out["mp"].startswith("NotImplementedError") and "mp_policy" in out["mp"]
     assert out["hsdp"].startswith("NotImplementedError") and "1-D mesh" in out["hsdp"]
     assert out["not_cell"].startswith("TypeError") and "mindspore.nn.Cell" in out["not_cell"]
+    assert out["unsharded"] == (False, (12, 8))
+    assert out["resharded"] == (True, "(Shard(dim=0),)", (6, 8))
+    assert "set_requires_gradient_sync" in out["sync"] and "MindSpore" in out["sync"]
+
+
+def llama_fsdp_losses(rank: int, world: int, dp: int) -> list[float]:
+    """The MindSpore main job's ``train`` (examples/mindspore_llama_tp.py): FSDP over the
+    world when ``dp`` > 1, else the plain single process; a tiny config, a tied LM head
+    (one weight at two sites of the root unit)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import mindspore_llama_tp as ex
+
+    flags = ["--hidden", "32", "--ffn", "64", "--seq", "8", "--batch", "4", "--heads", "2"]
+    flags += ["--kv-heads", "1", "--steps", "4", "--tie", "--no-plot", "--dp", str(dp)]
+    args = ex.parse_args(flags)
+    return ex.train(rank, world, args, ex.load_data(), dp > 1)["losses"]
+
+
+def test_llama_job_fsdp_matches_one_process(ms1, ms2):
+    f0, f1 = ms2.run(llama_fsdp_losses, 2, timeout=300)
+    (single,) = ms1.run(llama_fsdp_losses, 1, timeout=300)
+    assert f0 == f1  # the reported loss is the mean over the dp ranks
+    assert len(f0) == len(single) == 4
+    for a, b in zip(f0, single):
+        assert abs(a - b) <= 1e-5 * abs(b), (f0, single)
+    assert single[-1] < single[0]
