@@ -16,6 +16,7 @@ from typing import Any
 
 __all__ = [
     "stdlib_text",
+    "corpus_bytes",
     "llama_tp_plan",
     "add_common_args",
     "resolve_layout",
@@ -52,6 +53,21 @@ def stdlib_text(max_bytes: int = 1 << 18) -> bytes:
 
 
 # ---------------------------------------------------------------------------- plan
+def corpus_bytes() -> bytes:
+    """:func:`stdlib_text`, checked to be long enough to train on.
+
+    Raises:
+        SystemExit: the Python install ships no standard-library sources to read.
+    """
+    text = stdlib_text()
+    if len(text) < 4096:
+        raise SystemExit(
+            f"found only {len(text)} bytes of docstrings under {sysconfig.get_paths()['stdlib']}; "
+            f"this Python install ships no standard-library .py sources"
+        )
+    return text
+
+
 def llama_tp_plan(sp: bool, styles: Any, Replicate: Any, Shard: Any) -> dict[str, Any]:
     """The tensor-parallel plan of ``LlamaForCausalLM``.
 

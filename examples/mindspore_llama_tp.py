@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import sysconfig
 import time
 from pathlib import Path
 from typing import Any
@@ -46,10 +45,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama_common import (  # noqa: E402  (the examples directory first on the path)
     add_common_args,
+    corpus_bytes,
     layout_text,
     llama_tp_plan,
     report,
-    stdlib_text,
     validate,
 )
 
@@ -63,13 +62,10 @@ def load_data() -> np.ndarray:
     """The corpus as a 1-D array of byte values (int32).
 
     Raises:
-        SystemExit: the Python install ships no standard-library sources to read.
+        SystemExit: the Python install ships no standard-library sources to read
+            (:func:`llama_common.corpus_bytes`).
     """
-    text = stdlib_text()
-    if len(text) < 4096:
-        raise SystemExit(
-            f"found only {len(text)} bytes of docstrings under {sysconfig.get_paths()['stdlib']}"
-        )
+    text = corpus_bytes()
     return np.frombuffer(text, dtype=np.uint8).astype(np.int32)
 
 

@@ -42,7 +42,6 @@ import argparse
 import os
 import socket
 import sys
-import sysconfig
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,11 +55,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama_common import (  # noqa: E402  (the examples directory first on the path)
     add_common_args,
+    corpus_bytes,
     llama_tp_plan,
     mode_name,
     report,
     resolve_layout,
-    stdlib_text,
     validate,
 )
 
@@ -258,14 +257,10 @@ def load_data() -> torch.Tensor:
     """The corpus as a 1-D tensor of byte values (int64).
 
     Raises:
-        SystemExit: the Python install ships no standard-library sources to read.
+        SystemExit: the Python install ships no standard-library sources to read
+            (:func:`llama_common.corpus_bytes`).
     """
-    text = stdlib_text()
-    if len(text) < 4096:
-        raise SystemExit(
-            f"found only {len(text)} bytes of docstrings under {sysconfig.get_paths()['stdlib']}; "
-            f"this Python install ships no standard-library .py sources"
-        )
+    text = corpus_bytes()
     return torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from ..placement import Replicate
 from ..spec import DTensorSpec
 
-__all__ = ["replicate_plain", "describe", "find_dtensors"]
+__all__ = ["replicate_plain", "replicate_where", "describe", "find_dtensors"]
 
 
 def replicate_plain(
@@ -31,11 +31,27 @@ def replicate_plain(
     DTensor's ``implicit_replication``; ``out=`` tensors are left alone. ``lists_only``:
     only the list elements (the default for foreach ops)."""
     plain = plat.is_tensor
-    mesh = None
-    found = False
 
     def wanted(a: Any, nested: bool) -> bool:
         return plain(a) and (nested or (not lists_only and len(plat.shape(a)) > 0))
+
+    return replicate_where(plat, is_dt, args, kwargs, wanted)
+
+
+def replicate_where(
+    plat: Any,
+    is_dt: Callable[[Any], bool],
+    args: tuple,
+    kwargs: dict,
+    wanted: Callable[[Any, bool], bool],
+    on_wrap: Callable[[Any], None] | None = None,
+) -> tuple[tuple, dict]:
+    """``args``/``kwargs`` with every argument ``a`` for which ``wanted(a, nested)`` holds
+    (top level, or ``nested`` in a list/tuple; never ``out=``) replaced by a ``Replicate``
+    DTensor alias on the mesh of the first DTensor argument (``on_wrap(a)`` called first).
+    Unchanged when nothing is wanted or there is no DTensor."""
+    mesh = None
+    found = False
 
     def scan(a: Any, nested: bool = False) -> None:
         nonlocal mesh, found
@@ -63,6 +79,8 @@ def replicate_plain(
         if type(a) in (list, tuple):
             return type(a)(conv(x, True) for x in a)
         if wanted(a, nested):
+            if on_wrap is not None:
+                on_wrap(a)
             return plat.wrap(a, DTensorSpec(mesh, reps, plat.tensor_meta(a)))
         return a
 

@@ -16,6 +16,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from .plain import replicate_where
+
 __all__ = ["replicate_one_element"]
 
 _WARNING = (
@@ -32,47 +34,15 @@ def replicate_one_element(
     in a list/tuple; never ``out=``) replaced by a ``Replicate`` DTensor alias on the mesh of
     the first DTensor argument. Unchanged when there is no such tensor or no DTensor."""
     plain = plat.is_tensor
-    mesh = None
-    found = False
 
-    def scan(a: Any) -> None:
-        nonlocal mesh, found
-        if is_dt(a):
-            if mesh is None:
-                mesh = a._spec.mesh
-        elif type(a) in (list, tuple):
-            for x in a:
-                scan(x)
-        elif plain(a):
-            shape = plat.shape(a)
-            if shape and math.prod(shape) == 1:
-                found = True
+    def wanted(a: Any, nested: bool) -> bool:
+        if not plain(a):
+            return False
+        shape = plat.shape(a)
+        return bool(shape) and math.prod(shape) == 1
 
-    for a in args:
-        scan(a)
-    for k, v in kwargs.items():
-        if k != "out":
-            scan(v)
-    if mesh is None or not found:
-        return args, kwargs
-    from ..placement import Replicate
-    from ..spec import DTensorSpec
+    def warn_1d(a: Any) -> None:
+        if len(plat.shape(a)) == 1:
+            warnings.warn(_WARNING, stacklevel=6)
 
-    reps = [Replicate()] * mesh.ndim
-
-    def conv(a: Any) -> Any:
-        if is_dt(a):
-            return a
-        if type(a) in (list, tuple):
-            return type(a)(conv(x) for x in a)
-        if plain(a):
-            shape = plat.shape(a)
-            if shape and math.prod(shape) == 1:
-                if len(shape) == 1:
-                    warnings.warn(_WARNING, stacklevel=5)
-                return plat.wrap(a, DTensorSpec(mesh, reps, plat.tensor_meta(a)))
-        return a
-
-    return tuple(conv(a) for a in args), {
-        k: (v if k == "out" else conv(v)) for k, v in kwargs.items()
-    }
+    return replicate_where(plat, is_dt, args, kwargs, wanted, warn_1d)

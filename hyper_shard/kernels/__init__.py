@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["all_reduce_sum", "all_reduce", "groups_of", "numel"]
+__all__ = ["all_reduce_sum", "all_reduce", "groups_of", "numel", "input_as_dtype"]
 
 
 def groups_of(mesh: Any, mesh_dims: Sequence[int]) -> tuple[Any, ...]:
@@ -62,3 +62,14 @@ def all_reduce_sum(plat: Any, t: Any, groups: Sequence[Any]) -> Any:
         lambda g: all_reduce(plat, g, "sum", groups),
         t,
     )
+
+
+def input_as_dtype(binder: Any, plat: Any, args: tuple, kwargs: dict) -> Any:
+    """The call's ``input`` cast to its ``dtype=`` argument (keyword, or the first dtype
+    positional after the input), as torch's ``sum(x, dtype=)``/``log_softmax(x, d, dtype)``
+    do before computing; the input unchanged when no dtype is given."""
+    x = binder.get(args, kwargs, "input")
+    dtype = kwargs.get("dtype")
+    if dtype is None:
+        dtype = next((a for a in args[1:] if plat.is_dtype(a)), None)
+    return plat.cast(x, dtype) if dtype is not None else x

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..dispatch.op import Binder
-from . import all_reduce, all_reduce_sum, numel
+from . import all_reduce, all_reduce_sum, input_as_dtype, numel
 
 __all__ = ["GlobalMeanLoss", "ClassParallelLoss", "ShardedLogSoftmax", "sharded_log_softmax"]
 
@@ -151,14 +151,8 @@ class ShardedLogSoftmax:
         return f"ShardedLogSoftmax(dim={self.dim}, over {len(self.groups)} mesh dim(s))"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        plat = self.plat
-        x = self.binder.get(args, kwargs, "input")
-        dtype = kwargs.get("dtype")
-        if dtype is None:
-            dtype = next((a for a in args[1:] if plat.is_dtype(a)), None)
-        if dtype is not None:
-            x = plat.cast(x, dtype)
-        return sharded_log_softmax(plat, x, self.dim, self.groups)
+        x = input_as_dtype(self.binder, self.plat, args, kwargs)
+        return sharded_log_softmax(self.plat, x, self.dim, self.groups)
 
 
 class ClassParallelLoss:

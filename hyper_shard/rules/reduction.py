@@ -56,6 +56,7 @@ from typing import Any, Literal
 from ..dispatch.op import Binder, DistributedOp, Layout, OpCall
 from ..dispatch.search import SingleDimStrategy, search_strategy
 from ..errors import ShardingError
+from ..kernels import input_as_dtype
 from ..placement import Partial, Shard
 from ..redistribute.planner import cost_model_for
 from ..registry.models import RuleParams
@@ -237,14 +238,8 @@ class _MeanAsSum:
         self.plat = plat
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        plat = self.plat
-        x = self.binder.get(args, kwargs, "input")
-        dtype = kwargs.get("dtype")
-        if dtype is None:
-            dtype = next((a for a in args[1:] if plat.is_dtype(a)), None)
-        if dtype is not None:
-            x = plat.cast(x, dtype)
-        return plat.sum(x, self.dims, self.keepdim) / self.count
+        x = input_as_dtype(self.binder, self.plat, args, kwargs)
+        return self.plat.sum(x, self.dims, self.keepdim) / self.count
 
 
 class _ExtremumPadded:

@@ -71,7 +71,13 @@ def check_paths(rank: int, world: int) -> dict:
             off, ls = sp.global_offset(), sp.local_shape()
             local = full[tuple(slice(o, o + n) for o, n in zip(off, ls))]
             dts.append(
-                DTensor.from_local(to_fw(np.ascontiguousarray(local)), mesh, spec_pl, shape=shape)
+                DTensor.from_local(
+                    to_fw(np.ascontiguousarray(local)),
+                    mesh,
+                    spec_pl,
+                    shape=shape,
+                    stride=contiguous_stride(shape),
+                )
             )
         seen = []
         real = getattr(hooks_mod, attr)

@@ -77,20 +77,13 @@ PSEUDO_PRIMITIVES = frozenset({"__getitem__", "__setitem__"})
 INPLACE_NAMES = frozenset({"__setitem__", "Assign", "AssignAdd", "AssignSub"})
 
 
-class TensorMethod:
+class TensorMethod(_PseudoPrimitive):
     """A hot Tensor method a DTensor dispatches from Python (``Tensor.__add__``...): the
     call reaches hyper_shard without MindSpore's C++ ``__fallback__`` detour, and its
     local op is the plain Tensor method on local aliases. Entries bind it as
     ``Tensor.<name>`` (:data:`TENSOR_METHODS`)."""
 
-    __slots__ = ("name", "fn")
-
-    def __init__(self, name: str, fn: Any) -> None:
-        self.name = name
-        self.fn = fn
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
+    __slots__ = ()
 
     def __repr__(self) -> str:
         return f"<TensorMethod {self.name}>"
