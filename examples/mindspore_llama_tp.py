@@ -18,8 +18,16 @@ The TP job runs on ``--nproc`` spawned CPU ranks (mccl through a TCPStore, PyNat
 plain MindSpore process. ``--check`` fails unless every step's losses agree to 1e-4
 relative.
 
-    python examples/mindspore_llama_tp.py --check              # 2 CPU ranks
+``--dp N`` trains with fully sharded data parallelism instead
+(``hyper_shard.fsdp.fully_shard``, the PyTorch FSDP2 API, on MindSpore Cells): each decoder
+layer and then the root is one FSDP unit on a 1-D ``("dp",)`` mesh, every rank trains on
+its slice of the batch, the parameters between steps are ``Shard(0)`` DTensors and the
+loss shown is the mean over the dp ranks (the batch mean). FSDP x TP (``--dp`` and ``--tp``
+both > 1) is torch-only for now.
+
+    python examples/mindspore_llama_tp.py --check              # TP on 2 CPU ranks
     python examples/mindspore_llama_tp.py --sp --steps 50      # sequence parallel too
+    python examples/mindspore_llama_tp.py --dp 2 --check       # FSDP on 2 CPU ranks
 
 On a cluster launch ``train`` on every rank with ``msrun`` (docs/mindspore.md).
 """
@@ -38,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama_common import (  # noqa: E402  (the examples directory first on the path)
     add_common_args,
     corpus_bytes,
+    layout_text,
     llama_tp_plan,
     report,
     validate,
@@ -92,8 +101,9 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def train(rank: int, world: int, args: argparse.Namespace, data: np.ndarray, tp: bool) -> dict:
-    """One rank's run: tensor parallel over ``world`` ranks through hyper_shard when ``tp``,
-    else plain MindSpore in one process. Returns ``{"losses", "times"}`` (per step)."""
+    """One rank's run over ``world`` ranks through hyper_shard when ``tp`` (tensor parallel,
+    or FSDP when ``args.dp`` > 1), else plain MindSpore in one process. Returns
+    ``{"losses", "times"}`` (per step)."""
     import mindspore as ms
     from mindspore import Tensor, nn, ops
     from mindspore_llama_model import build_model
@@ -101,6 +111,9 @@ def train(rank: int, world: int, args: argparse.Namespace, data: np.ndarray, tp:
 
     net = build_model(_config(args), args.seed)
     mesh = None
+    dp = (getattr(args, "dp", None) or 1) if tp else 1
+    if dp > 1:
+        return _train_fsdp(rank, world, args, data, net)
     if tp:
         from hyper_shard import Replicate, Shard, init_device_mesh
         from hyper_shard import parallel as hp
@@ -145,18 +158,73 @@ def train(rank: int, world: int, args: argparse.Namespace, data: np.ndarray, tp:
     return {"losses": losses, "times": times}
 
 
+def _train_fsdp(
+    rank: int, world: int, args: argparse.Namespace, data: np.ndarray, net: Any
+) -> dict:
+    """FSDP over ``world`` ranks (``--dp``): each decoder layer, then the root, one unit."""
+    from mindspore import Tensor, nn, ops
+    from tqdm import tqdm
+
+    from hyper_shard import init_device_mesh
+    from hyper_shard.fsdp import fully_shard
+    from hyper_shard.platform.mindspore.autograd import optimizer_grads, value_and_grad
+
+    mesh = init_device_mesh("CPU", (world,), mesh_dim_names=("dp",))
+    for layer in net.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    opt = nn.AdamWeightDecay(
+        net.trainable_params(), learning_rate=args.lr, weight_decay=args.weight_decay
+    )
+
+    def loss_fn(x: Any, y: Any) -> Any:  # this rank's slice: plain tensors throughout
+        return ops.cross_entropy(net(x).reshape(-1, VOCAB), y.reshape(-1))
+
+    grad_fn = value_and_grad(loss_fn, None, opt.parameters)
+    group, plat = mesh._group(0), mesh.platform
+    b = args.batch // world
+    losses, times = [], []
+    bar = tqdm(total=args.steps, desc=f"FSDP x{world}", unit="step", disable=rank != 0)
+    for x, y in batches(data, args.steps, args.batch, args.seq, args.seed + 1):
+        t0 = time.perf_counter()
+        sl = slice(rank * b, (rank + 1) * b)
+        loss, grads = grad_fn(Tensor(x[sl]), Tensor(y[sl]))
+        opt(optimizer_grads(grads, opt.parameters))
+        # the mean over the dp ranks (equal slices: the batch mean)
+        value = float(plat.all_reduce(loss, "avg", group).asnumpy())
+        times.append(time.perf_counter() - t0)
+        losses.append(value)
+        bar.set_postfix(loss=f"{value:.4f}")
+        bar.update()
+    bar.close()
+    return {"losses": losses, "times": times}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_common_args(ap, OUT_DIR)
     ap.add_argument("--tie", action="store_true", help="share the embedding with the LM head")
+    ap.add_argument("--dp", type=int, default=None, help="FSDP ranks (default 1: tensor parallel)")
+    ap.add_argument(
+        "--tp", type=int, default=None, help="tensor-parallel ranks (default: the rest)"
+    )
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.dp is not None and args.tp is not None:
+        args.nproc = args.dp * args.tp
+    elif args.dp is not None:
+        args.nproc = args.dp
     validate(args, args.nproc)
+    if args.dp > 1 and args.tp > 1:
+        raise SystemExit(
+            f"{layout_text(args)}: FSDP over tensor parallelism is torch-only for now "
+            f"(examples/train_llama_tp.py); on MindSpore pass --dp alone (FSDP) or --tp alone"
+        )
     from hyper_shard.platform.mindspore.launch import spawn
 
     data = load_data()  # read once here, shared with the ranks

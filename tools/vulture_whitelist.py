@@ -74,3 +74,6 @@ _.read_metadata
 _.read_data
 
 _.as_dict  # flight Record.as_dict(): for users' logs (hyper_shard.debug.recent_ops)
+
+# fsdp/_mindspore.py: a unit's all-gather counter (tests and users read it)
+_.gathers

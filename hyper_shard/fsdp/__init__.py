@@ -8,7 +8,9 @@ made tensor-parallel by ``hyper_shard.parallel.parallelize_module`` on ``mesh["t
 become 2-D DTensors on the ``("dp", "tp")`` mesh. See ``docs/fsdp.md``.
 
 The core (layout, collectives, the unit's state machine, root coordination) is
-framework-neutral; ``_torch.py`` is the torch adapter (module and autograd hooks).
+framework-neutral; ``_torch.py`` is the torch adapter (module and autograd hooks);
+``_mindspore.py`` runs ``fully_shard`` on MindSpore Cells (a unit is one differentiable
+all-gather whose backward is the reduce-scatter: MindSpore's autograd is functional).
 """
 
 from __future__ import annotations

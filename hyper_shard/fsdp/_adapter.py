@@ -2,8 +2,9 @@
 
 The core (:mod:`._group`, :mod:`._state`, :mod:`._param`) plans buffers and runs the
 state machine; it reaches the framework only through a :class:`FSDPFramework` (torch:
-:mod:`hyper_shard.fsdp._torch`) and the mesh's Platform (tensors and collectives). A
-MindSpore FSDP implements this protocol for ``nn.Cell``. Nothing here imports a framework.
+:mod:`hyper_shard.fsdp._torch`) and the mesh's Platform (tensors and collectives).
+MindSpore (:mod:`hyper_shard.fsdp._mindspore`) implements it for ``nn.Cell`` and builds
+its units itself (:attr:`FSDPFramework.own_units`). Nothing here imports a framework.
 """
 
 from __future__ import annotations
@@ -19,6 +20,15 @@ class FSDPFramework:
     """A framework's module system and autograd, as FSDP uses them."""
 
     name: str = "abstract"
+    #: True: the framework builds a unit itself with :meth:`shard_unit` (MindSpore, whose
+    #: functional autograd has no tensor hooks for the core's state machine); False: the
+    #: core's FSDPParamGroup/FSDPState run it through the hooks below (torch)
+    own_units: bool = False
+
+    def shard_unit(self, module: Any, info: Any, params: list) -> Any:
+        """Shard ``params`` (``((fqn, parameter), sites)``, chosen by the core) of ``module``
+        and hook its forward (only when :attr:`own_units`)."""
+        raise NotImplementedError
 
     def owns(self, module: Any) -> bool:
         """True if ``module`` is this framework's module type."""
@@ -145,6 +155,19 @@ def _load_torch() -> FSDPFramework | None:
 register_framework(_load_torch)
 
 
+def _load_mindspore() -> FSDPFramework | None:
+    import sys
+
+    if "mindspore" not in sys.modules:
+        return None
+    from ._mindspore import MindSporeFSDP
+
+    return MindSporeFSDP()
+
+
+register_framework(_load_mindspore)
+
+
 def _candidates() -> Iterator[FSDPFramework]:
     for i, loader in enumerate(_FRAMEWORKS):
         fw = _BUILT.get(i)
@@ -166,6 +189,6 @@ def framework_for(module: Any) -> FSDPFramework:
         if fw.owns(module):
             return fw
     raise TypeError(
-        f"fully_shard: expected a torch.nn.Module, got {type(module).__module__}."
-        f"{type(module).__qualname__} (MindSpore nn.Cell support is tracked separately)"
+        f"fully_shard: expected a torch.nn.Module or a mindspore.nn.Cell, got "
+        f"{type(module).__module__}.{type(module).__qualname__}"
     )

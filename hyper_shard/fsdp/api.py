@@ -58,7 +58,8 @@ def fully_shard(
     backend can).
 
     Args:
-        module: a ``torch.nn.Module``; its class becomes ``FSDP<Class>``, a subclass of
+        module: a ``torch.nn.Module`` or a ``mindspore.nn.Cell`` (see docs/fsdp.md
+            "MindSpore" for what a Cell supports); its class becomes ``FSDP<Class>``, a subclass of
             :class:`FSDPModule` (``reshard``, ``unshard``, ``set_requires_gradient_sync``...).
         mesh: the data-parallel mesh (1-D FSDP or 2-D HSDP); default: all ranks, 1-D.
         reshard_after_forward: True: free after forward (gather again in backward);
@@ -80,7 +81,7 @@ def fully_shard(
             a 0-d parameter; an int ``reshard_after_forward`` of the wrong kind.
         NotImplementedError: a list of modules, a ``shard_placement_fn``, or an int
             ``reshard_after_forward`` (resharding to a smaller mesh).
-        TypeError: ``module`` is not a ``torch.nn.Module``.
+        TypeError: ``module`` is neither a ``torch.nn.Module`` nor a ``mindspore.nn.Cell``.
     """
     if isinstance(module, (list, tuple)):
         raise NotImplementedError(
@@ -88,7 +89,7 @@ def fully_shard(
             "supported; fully_shard a module that contains them"
         )
     fw = framework_for(module)
-    if state_of(module) is not None:
+    if state_of(module) is not None or "_hs_fsdp_unit" in getattr(module, "__dict__", {}):
         raise ValueError(
             f"fully_shard was already applied to this {type(module).__name__}; apply it once "
             f"per module (each call makes one unit)"
@@ -120,6 +121,15 @@ def fully_shard(
     if mesh is None:
         mesh = _default_mesh(module, fw)
     info = MeshInfo(mesh)
+    if fw.own_units:  # MindSpore: functional autograd, a unit is a differentiable gather
+        if mp_policy != _NO_MIXED_PRECISION or isinstance(offload_policy, CPUOffloadPolicy):
+            raise NotImplementedError(
+                f"fully_shard on a {fw.name} module: mp_policy and CPUOffloadPolicy are "
+                f"torch-only for now; leave them at their defaults"
+            )
+        fw.shard_unit(module, info, _managed_params(module, fw, set(map(id, ignored_params or ()))))
+        module.__class__ = fw.fsdp_class(type(module))
+        return module
     plat = mesh.platform
     offload = isinstance(offload_policy, CPUOffloadPolicy)
     pin = bool(getattr(offload_policy, "pin_memory", False))
