@@ -10,9 +10,13 @@ safetensors reader/writer). What this module adds around DCP:
   the checkpoint with the same global shape and dtype (unless ``allow_dtype_cast``) and,
   with ``strict``, the checkpoint may hold no other key; errors name the keys and the
   checkpoint. They are raised while DCP plans, so every rank raises them.
-* **atomic loads**: DCP reads into *shadow* buffers (same layouts; a ``Partial(sum)``
-  target reads into its Replicate form); only when every rank has read and verified its
-  slices are they copied into the state dict's tensors. A failed load changes nothing.
+* **atomic loads**: a hyper_shard checkpoint's :class:`HyperShardReader` maps every slice
+  a rank needs, checks and checksums it, all-gathers the errors and checksums, and only
+  then copies the slices into the tensors, so DCP loads straight into the state dict (a
+  ``Partial(sum)`` target reads into a Replicate *shadow* buffer, committed after). DCP's
+  own readers (plain DCP and Hugging Face directories) write as they read: they load into
+  shadow buffers of the same layouts, copied into the tensors once every rank succeeded.
+  A failed load changes nothing.
 * **key maps**: ``key_map`` maps a state-dict key to the checkpoint's name for it (loading
   a checkpoint of another framework or naming scheme).
 * **async staging** (:func:`stage_state_dict`): ``async_save`` copies the local shards to
