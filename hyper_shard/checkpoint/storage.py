@@ -103,10 +103,12 @@ class ShardFiles:
         self.directory = directory
         self.index = index
         self._open: dict[str, _Mapped] = {}
+        self._chunks: dict[tuple[str, str], Any] = {}
         self.bytes_read = 0
 
     def close(self) -> None:
         self._open.clear()
+        self._chunks.clear()
 
     def __enter__(self) -> ShardFiles:
         return self
@@ -145,17 +147,9 @@ class ShardFiles:
         self._open[name] = f
         return f
 
-    def read(
-        self, key: str, chunk: ChunkEntry, starts: Sequence[int], lengths: Sequence[int]
-    ) -> tuple[Any, int]:
-        """The slice ``starts .. starts + lengths`` (relative to the chunk) of a saved chunk
-        of ``key`` and its partial checksum. The slice is a read-only numpy view of the
-        mapped file (the chunk's storage dtype): copy it where it belongs.
-
-        Raises:
-            CheckpointError: the file is missing, truncated, corrupted or from another save,
-                or its entry does not match the index (naming ``key`` and the file).
-        """
+    def _chunk(self, key: str, chunk: ChunkEntry) -> Any:
+        """The whole saved chunk as a read-only view of the mapped file, its entry checked
+        against the index (once per chunk)."""
         f = self._file(chunk.file)
         path = self.directory / chunk.file
         want = storage_numpy_dtype(self.index.tensors[key].dtype)
@@ -180,6 +174,23 @@ class ShardFiles:
             arr = np.zeros(shape, dtype=want)
         else:
             arr = f.data[begin:end].view(want).reshape(shape)
+        self._chunks[(chunk.file, chunk.entry)] = arr
+        return arr
+
+    def read(
+        self, key: str, chunk: ChunkEntry, starts: Sequence[int], lengths: Sequence[int]
+    ) -> tuple[Any, int]:
+        """The slice ``starts .. starts + lengths`` (relative to the chunk) of a saved chunk
+        of ``key`` and its partial checksum. The slice is a read-only numpy view of the
+        mapped file (the chunk's storage dtype): copy it where it belongs.
+
+        Raises:
+            CheckpointError: the file is missing, truncated, corrupted or from another save,
+                or its entry does not match the index (naming ``key`` and the file).
+        """
+        arr = self._chunks.get((chunk.file, chunk.entry))
+        if arr is None:
+            arr = self._chunk(key, chunk)
         if len(starts):  # (indexing a 0-d array by () would give a numpy scalar)
             arr = arr[tuple(slice(s, s + n) for s, n in zip(starts, lengths))]
         self.bytes_read += int(arr.nbytes)

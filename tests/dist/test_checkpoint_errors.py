@@ -4,7 +4,8 @@ state dict's tensors exactly as they were. Cases: a missing key, a checkpoint of
 model, a global shape that differs, a dtype change without ``allow_dtype_cast`` (and the
 cast with it), a truncated shard file, flipped bytes in a shard file's data, a corrupted
 index, a directory with no committed checkpoint, and saves that fail half-way (the
-previous checkpoint stays the committed one; a fresh directory gets none)."""
+previous checkpoint stays the committed one; a fresh directory gets none). Plain
+``dcp.load`` through ``HyperShardReader`` of a corrupted checkpoint also changes nothing."""
 
 from __future__ import annotations
 
@@ -72,6 +73,24 @@ def try_bad(rank: int, world: int, dirs: dict) -> dict:
         and float(target["t"]) == 0.0
         and torch.equal(f64["w"].full_tensor(), zeros.double())
     )
+    # plain dcp.load through HyperShardReader writes nothing either (it verifies every
+    # rank's reads before copying any), python values included
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # (a BaseException)
+
+    plain = {**_state(mesh, w=zeros, b=torch.zeros(6), step=0), "t": torch.tensor(0.0)}
+    reader = hc.HyperShardReader(dirs["corrupted"])
+    try:
+        dcp.load(plain, storage_reader=reader)
+        out["plain_dcp"] = "no error"
+    except CheckpointException as e:
+        out["plain_dcp"] = str(e)
+    out["plain_unchanged"] = (
+        torch.equal(plain["w"].full_tensor(), zeros)
+        and torch.equal(plain["b"].full_tensor(), torch.zeros(6))
+        and plain["step"] == 0
+        and float(plain["t"]) == 0.0
+    )
     # a save that fails half-way (an unsaveable value) over the good checkpoint
     bad_save = {**_state(mesh, w=W * 100), "fn": lambda: None}
     out["half_save"] = _err(lambda: hc.save(bad_save, good))
@@ -113,6 +132,7 @@ def test_bad_checkpoints_raise_on_every_rank(dist2, tmp_path: Path) -> None:
     for r in res:  # every rank raised the same error
         assert r == res[0]
         assert (r["unchanged"], r["after_half_save"], r["cast"]) == (True, True, True), r
+        assert r["plain_unchanged"] and "does not match its checksum" in r["plain_dcp"], r
         for case in (
             "missing", "other_model", "shape", "dtype", "truncated", "corrupted", "bad_index",
             "empty", "half_save", "half_fresh_save", "half_fresh_load",

@@ -10,9 +10,13 @@ safetensors reader/writer). What this module adds around DCP:
   the checkpoint with the same global shape and dtype (unless ``allow_dtype_cast``) and,
   with ``strict``, the checkpoint may hold no other key; errors name the keys and the
   checkpoint. They are raised while DCP plans, so every rank raises them.
-* **atomic loads**: DCP reads into *shadow* buffers (same layouts; a ``Partial(sum)``
-  target reads into its Replicate form); only when every rank has read and verified its
-  slices are they copied into the state dict's tensors. A failed load changes nothing.
+* **atomic loads**: a hyper_shard checkpoint's :class:`HyperShardReader` maps every slice
+  a rank needs, checks and checksums it, all-gathers the errors and checksums, and only
+  then copies the slices into the tensors, so DCP loads straight into the state dict (a
+  ``Partial(sum)`` target reads into a Replicate *shadow* buffer, committed after). DCP's
+  own readers (plain DCP and Hugging Face directories) write as they read: they load into
+  shadow buffers of the same layouts, copied into the tensors once every rank succeeded.
+  A failed load changes nothing.
 * **key maps**: ``key_map`` maps a state-dict key to the checkpoint's name for it (loading
   a checkpoint of another framework or naming scheme).
 * **async staging** (:func:`stage_state_dict`): ``async_save`` copies the local shards to
@@ -40,7 +44,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.stateful import Stateful
 
 from ...checkpoint.errors import CheckpointError
-from ...checkpoint.format import INDEX_NAME, read_index
+from ...checkpoint.format import INDEX_NAME
 from ...checkpoint.state import rename
 from ...dtensor import DTensor
 from ...placement import Partial, Replicate
@@ -95,29 +99,20 @@ def _detect(path: Path) -> str:
     return "hyper_shard"  # read_index raises the clear "no committed checkpoint" error
 
 
-def _agree(error: str | None, process_group: Any) -> None:
-    """Raise ``error`` (or another rank's) on every rank, before any DCP collective."""
-    errors = [error]
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1:
-        errors = [None] * dist.get_world_size(process_group)
-        dist.all_gather_object(errors, error, group=process_group)
-    first = next((e for e in errors if e), None)
-    if first is not None:
-        raise CheckpointError(first)
-
-
 def _reader(path: Path, kind: str, process_group: Any) -> Any:
     if kind == "hyper_shard":
-        error, index = None, None
-        try:
-            index, _ = read_index(path)
-        except CheckpointError as e:
-            error = str(e)
-        _agree(error, process_group)
-        return HyperShardReader(path, process_group=process_group, index=index)
+        # (an unreadable index raises inside DCP's planning step, on every rank)
+        return HyperShardReader(path, process_group=process_group)
     if kind == "dcp":
         return dcp.FileSystemReader(path)
     return dcp.HuggingFaceStorageReader(str(path))
+
+
+def _needs_shadow(v: Any) -> bool:
+    """A ``Partial(sum|prod)`` DTensor: DCP must read it in its Replicate form."""
+    return isinstance(v, DTensor) and any(
+        type(p) is Partial and p.reduce_op in ("sum", "prod") for p in v._spec.placements
+    )
 
 
 def _shadow(v: Any) -> Any:
@@ -272,8 +267,16 @@ def load(
     path = Path(checkpoint_id)
     resolved = _resolve(state_dict)
     flat, paths = _flat(resolved, key_map)
-    shadow = {k: _shadow(v) for k, v in flat.items()}
     kind = _detect(path)
+    # HyperShardReader writes no tensor before every rank read and verified everything
+    # (its read_data), so DCP loads straight into the state's tensors; DCP's own readers
+    # write as they read, so they load into shadow buffers, copied in after success.
+    # Python values always go to copies, set in the state dict at the end.
+    direct = kind == "hyper_shard"
+    shadow = {
+        k: v if direct and isinstance(v, torch.Tensor) and not _needs_shadow(v) else _shadow(v)
+        for k, v in flat.items()
+    }
     source = str(path / INDEX_NAME) if kind == "hyper_shard" else str(path)
     planner = CheckedLoadPlanner(source, strict=strict, allow_dtype_cast=allow_dtype_cast)
     try:
@@ -287,7 +290,8 @@ def load(
         raise _error(e) from None
     for k, v in flat.items():  # every rank read and verified its slices: commit
         if isinstance(v, torch.Tensor):
-            _commit_tensor(v, shadow[k])
+            if shadow[k] is not v:
+                _commit_tensor(v, shadow[k])
         else:
             set_element(resolved, paths[k], shadow[k])
     for k, v in state_dict.items():

@@ -318,19 +318,28 @@ class HyperShardReader(StorageReader):
         self.path = Path(path)
         self.process_group = process_group
         self.index: Index | None = index
+        self.error: str | None = None
         self.bytes_read = 0
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:
             self.path = Path(checkpoint_id)
         self.index = None
+        self.error = None
 
     def read_metadata(self) -> Metadata:  # type: ignore[override]
         # (no **kwargs: DCP then does not retry with rank-local metadata, which this
-        # format does not have, and the index's own error reaches the caller)
-        if self.index is None:
-            self.index, _ = read_index(self.path)
+        # format does not have.) An unreadable index is reported by set_up_storage_reader,
+        # inside DCP's planning step, whose failures DCP gathers and raises on every rank:
+        # DCP would turn an error here into "metadata is None".
+        if self.index is None and self.error is None:
+            try:
+                self.index, _ = read_index(self.path)
+            except CheckpointError as e:
+                self.error = str(e)
         index = self.index
+        if index is None:
+            return Metadata(state_dict_metadata={})
         sdm: dict[str, Any] = {}
         storage: dict[MetadataIndex, Any] = {}
         for key, t in index.tensors.items():
@@ -355,6 +364,8 @@ class HyperShardReader(StorageReader):
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
     ) -> None:
+        if self.error is not None:
+            raise CheckpointError(self.error)
         self.storage_data = metadata.storage_data
         if self.index is None:
             self.index, _ = read_index(self.path)
@@ -366,63 +377,87 @@ class HyperShardReader(StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Two phases, so that nothing reaches the planner's tensors unless every rank read
+        and verified everything: (1) map each read item's slice of its saved chunk (no
+        copy), check it against the index and compute its partial checksum; all-gather the
+        errors and partial checksums and verify the covered chunks; (2) only then copy the
+        slices into their targets (and hand the python values to the planner). The files of
+        a committed save are never rewritten (a new save writes new files), so the bytes
+        copied are the bytes verified."""
         assert self.index is not None
         index = self.index
         partials: dict = {}
         error = None
-        try:
-            self._read(plan, planner, index, partials)
-        except CheckpointError as e:
-            error = str(e)
-        except Exception as e:  # reported on every rank below
-            error = f"{type(e).__name__}: {e}"
-        errors = [error] if error else []
-        if _world() > 1:
-            group = self.process_group
-            n = dist.get_world_size(group)
-            gathered: list[Any] = [None] * n
-            dist.all_gather_object(gathered, (error, partials), group=group)
-            errors = [e for e, _ in gathered if e]
-            parts = [p for _, p in gathered]
-        else:
-            parts = [partials]
-        if not errors:
-            errors = verify_reads(self.path, index, parts)
-        if errors:
-            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-            raise CheckpointError(errors[0] + more)
+        with ShardFiles(self.path, index) as files:
+            pending: list = []
+            try:
+                self._read(plan, planner, index, files, partials, pending)
+            except CheckpointError as e:
+                error = str(e)
+            except Exception as e:  # reported on every rank below
+                error = f"{type(e).__name__}: {e}"
+            errors = [error] if error else []
+            if _world() > 1:
+                group = self.process_group
+                n = dist.get_world_size(group)
+                gathered: list[Any] = [None] * n
+                dist.all_gather_object(gathered, (error, partials), group=group)
+                errors = [e for e, _ in gathered if e]
+                parts = [p for _, p in gathered]
+            else:
+                parts = [partials]
+            if not errors:
+                errors = verify_reads(self.path, index, parts)
+            if errors:
+                more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+                raise CheckpointError(errors[0] + more)
+            with torch.no_grad():  # every rank read and verified: write the targets
+                for req, target, src in pending:
+                    if target is None:
+                        planner.load_bytes(req, src)
+                        continue
+                    target.copy_(src)
+                    planner.commit_tensor(req, target)
+            self.bytes_read += files.bytes_read
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
 
-    def _read(self, plan: LoadPlan, planner: LoadPlanner, index: Index, partials: dict) -> None:
-        items = sorted(plan.items, key=lambda r: self._order(r))
-        with ShardFiles(self.path, index) as files:
-            for req in items:
-                key, ci = self.storage_data[req.storage_index]
-                if req.type == LoadItemType.BYTE_IO:
-                    obj = decode_object(key, index.objects[key], self.path / INDEX_NAME)
-                    buf = io.BytesIO()
-                    torch.save(obj, buf)
-                    buf.seek(0)
-                    planner.load_bytes(req, buf)
-                    continue
-                entry = index.tensors[key]
-                chunk = entry.chunks[ci]
-                starts = [int(s) for s in req.storage_offsets]
-                lengths = [int(n) for n in req.lengths]
-                arr, part = files.read(key, chunk, starts, lengths)
-                partials[(key, ci, tuple(starts), tuple(lengths))] = part
-                src = from_numpy(arr, entry.dtype)
-                target = planner.resolve_tensor(req).detach()
-                if tuple(target.size()) != tuple(src.size()):
-                    raise CheckpointError(
-                        f"checkpoint {self.path}: a read of {key!r} gives shape "
-                        f"{tuple(src.size())} for a target slice of {tuple(target.size())}"
-                    )
-                target.copy_(src)
-                planner.commit_tensor(req, target)
-            self.bytes_read += files.bytes_read
+    def _read(
+        self,
+        plan: LoadPlan,
+        planner: LoadPlanner,
+        index: Index,
+        files: ShardFiles,
+        partials: dict,
+        pending: list,
+    ) -> None:
+        """Phase 1 of :meth:`read_data`: every item's source (a view of the mapped file,
+        checked and checksummed) and target, appended to ``pending``; nothing written."""
+        items = sorted(plan.items, key=self._order)
+        for req in items:
+            key, ci = self.storage_data[req.storage_index]
+            if req.type == LoadItemType.BYTE_IO:
+                obj = decode_object(key, index.objects[key], self.path / INDEX_NAME)
+                buf = io.BytesIO()
+                torch.save(obj, buf)
+                buf.seek(0)
+                pending.append((req, None, buf))
+                continue
+            entry = index.tensors[key]
+            chunk = entry.chunks[ci]
+            starts = tuple(int(s) for s in req.storage_offsets)
+            lengths = tuple(int(n) for n in req.lengths)
+            arr, part = files.read(key, chunk, starts, lengths)
+            partials[(key, ci, starts, lengths)] = part
+            src = from_numpy(arr, entry.dtype)
+            target = planner.resolve_tensor(req).detach()
+            if target.shape != src.shape:
+                raise CheckpointError(
+                    f"checkpoint {self.path}: a read of {key!r} gives shape "
+                    f"{tuple(src.size())} for a target slice of {tuple(target.size())}"
+                )
+            pending.append((req, target, src))
 
     def _order(self, req: Any) -> tuple:
         key, ci = self.storage_data[req.storage_index]
