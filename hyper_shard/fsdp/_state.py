@@ -132,6 +132,10 @@ class FSDPState:
             comm.last_forward_order = comm.pre_forward_order
             comm.pre_forward_order = []
             comm.post_forward_order.clear()
+            if not self.ctx.callback_queued:  # no backward in flight: a new iteration
+                for st in self.ctx.all_states:
+                    if st.group is not None:
+                        st.group.reset_backward_count()
         args, kwargs = self._cast_inputs(args, kwargs)
         g = self.group
         if g is not None:
@@ -187,6 +191,10 @@ class FSDPState:
     # ------------------------------------------------------------------ backward
     def pre_backward(self) -> None:
         if self.training_state is TrainingState.PRE_BACKWARD:
+            # another output or another call of the unit: only make sure it is unsharded
+            # (an earlier call's post-backward may have resharded it)
+            if self.group is not None:
+                self.group.pre_backward(prefetch=False)
             return
         self.training_state = TrainingState.PRE_BACKWARD
         if not self.ctx.callback_queued:
