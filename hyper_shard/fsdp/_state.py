@@ -171,9 +171,17 @@ class FSDPState:
         self.training_state = TrainingState.IDLE
         if self.ctx.iter_forward_root is self:
             self.ctx.iter_forward_root = None
+            no_backward = not fw.grad_enabled()
             for st in self.ctx.all_states:  # prefetches nobody consumed
                 if st.group is not None and st.group.training_state is TrainingState.IDLE:
                     st.group.discard_pending_unshard()
+                    if no_backward:
+                        # a no_grad forward (eval, warm-up) has no backward to wait for:
+                        # reshard every unit, the root too, so the module's parameters are
+                        # the sharded DTensors again (an optimizer built next steps them;
+                        # FSDP2 leaves the root unsharded and such an optimizer silently
+                        # steps copies)
+                        st.group.reshard()
         return self._cast_output(output)
 
     def _cast_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

@@ -401,3 +401,42 @@ def check_unit_called_twice(rank, world):
 def test_fsdp_unit_called_twice_in_forward(dist2):
     out = dist2.run(check_unit_called_twice)
     assert out[0] == out[1] and len(out[0]) == 8
+
+
+def check_no_grad_forward_first(rank, world):
+    """A no_grad forward (an eval pass) before the optimizer is built: the module's
+    parameters are the sharded DTensors afterwards, and two SGD steps equal one process
+    (FSDP2 leaves the root unsharded there, and the optimizer steps copies)."""
+    from hyper_shard import DTensor, init_device_mesh
+    from hyper_shard.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4 * world, 5, generator=g), torch.randn(4 * world, 1, generator=g)
+
+    def make():  # noqa: ANN202
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 1))
+
+    ref, model = make(), make()
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    with torch.no_grad():
+        model(x[:2])
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        torch.nn.functional.mse_loss(model(x.chunk(world)[rank]), y.chunk(world)[rank]).backward()
+        opt_ref.step()
+        opt.step()
+        opt_ref.zero_grad()
+        opt.zero_grad()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.full_tensor(), q, msg=f"param {n}")
+    return True
+
+
+def test_fsdp_no_grad_forward_before_optimizer(dist2):
+    assert dist2.run(check_no_grad_forward_first) == [True, True]
