@@ -89,9 +89,12 @@ class FSDPFramework:
         is computed, before it flows further back; returns ``output`` (possibly rebuilt)."""
         raise NotImplementedError
 
-    def hook_inputs(self, args: tuple, kwargs: dict, fn: Callable[[], None]) -> tuple[tuple, dict]:
+    def hook_inputs(
+        self, args: tuple, kwargs: dict, fn: Callable[[], None]
+    ) -> tuple[tuple, dict, bool]:
         """Call ``fn()`` once the gradients of the tensors in ``args``/``kwargs`` that require
-        grad are computed (after the module's backward); returns the rebuilt inputs."""
+        grad are computed (after the module's backward); returns the rebuilt inputs and
+        whether a hook was placed (False: grad disabled, or no input requires grad)."""
         raise NotImplementedError
 
     def queue_callback(self, fn: Callable[[], None]) -> None:

@@ -11,6 +11,15 @@ parameter memory) or ``unsharded`` (the unsharded parameters are registered); a 
 state (``IDLE``, ``FORWARD``, ``PRE_BACKWARD``, ``POST_BACKWARD``) says which hook ran
 last, so that hooks firing again in one pass (several outputs, a recomputed forward)
 do nothing twice.
+
+A unit called several times in one forward (``self.a(x) + self.a(2 * x)``) has one
+post-backward hook per call whose inputs require grad: it reduces and reshards at the
+last of them, so that the other calls' backward still finds the unsharded parameters
+(autograd saved them) and the gradient is reduce-scattered once. Every pre-backward hook
+(one per call) makes sure the unit is unsharded, so a unit resharded early (a call whose
+inputs need no gradient has no post-backward hook, the count runs short) is gathered
+again and the end-of-backward callback reduces the rest (as FSDP2: every call's
+pre-backward unshards).
 """
 
 from __future__ import annotations
@@ -111,6 +120,8 @@ class FSDPParamGroup:
         self._post_forward_indices: list[int] = []
         self._gathered_versions: list[Any] = []
         self._partial_reduce: dict[tuple[int, ...], Any] = {}
+        #: post-backward hooks placed in forward whose backward has not run yet
+        self._hooked_calls = 0
 
     # ------------------------------------------------------------------ init
     def lazy_init(self) -> None:
@@ -238,8 +249,15 @@ class FSDPParamGroup:
         self.unshard(self.async_prefetch)
         self.wait_for_unshard()
         if first:
-            args, kwargs = self.fw.hook_inputs(args, kwargs, self.post_backward)
+            args, kwargs, hooked = self.fw.hook_inputs(args, kwargs, self._post_backward_hook)
+            if hooked:
+                self._hooked_calls += 1
         return args, kwargs
+
+    def reset_backward_count(self) -> None:
+        """Forget the post-backward hooks of forwards whose backward never ran (a new
+        iteration starts)."""
+        self._hooked_calls = 0
 
     def post_forward(self) -> None:
         if not self.fw.in_backward():
@@ -250,12 +268,13 @@ class FSDPParamGroup:
         self.training_state = TrainingState.IDLE
 
     def pre_backward(self, prefetch: bool = True) -> None:
-        if self.training_state is TrainingState.PRE_BACKWARD:
-            return
+        """Before the backward of one call of the unit: unshard (a no-op while unsharded;
+        again if an earlier call's post-backward resharded), and prefetch at the first."""
+        first = self.training_state is not TrainingState.PRE_BACKWARD
         self.training_state = TrainingState.PRE_BACKWARD
         self.unshard()
         self.wait_for_unshard()
-        if prefetch:
+        if first and prefetch:
             self._backward_prefetch()
 
     def _backward_prefetch(self) -> None:
@@ -278,6 +297,13 @@ class FSDPParamGroup:
         )
 
     # ------------------------------------------------------------------ backward
+    def _post_backward_hook(self) -> None:
+        """The backward of one call is done: reduce after the last call's."""
+        self._hooked_calls -= 1
+        if self._hooked_calls > 0:
+            return  # other calls' backward still needs the unsharded parameters
+        self.post_backward()
+
     def post_backward(self) -> None:
         """The unit's gradients are complete: reduce-scatter them into the sharded
         parameters' gradients (accumulating), and reshard."""
@@ -324,8 +350,10 @@ class FSDPParamGroup:
 
     def _reduce(self, params: list[FSDPParam], grads: list[Any]) -> None:
         """Start the reduce-scatter of ``grads``; the oldest reduce still in flight beyond
-        the context's limit is completed first."""
+        the context's limit is completed first (and this unit's own earlier one)."""
         comm = self.comm
+        if self._pending_reduce is not None:
+            self.finish_reduce()
         while len(comm.pending_reduces) >= comm.max_pending_reduces:
             comm.pending_reduces.pop(0).finish_reduce()
         key = tuple(id(p) for p in params)
@@ -403,6 +431,7 @@ class FSDPParamGroup:
         self.finish_reduce()
         self.discard_pending_unshard()
         self._post_forward_indices.clear()
+        self._hooked_calls = 0
 
     def __repr__(self) -> str:
         return f"FSDPParamGroup({self.fqn or 'root'}: {len(self.params)} params)"

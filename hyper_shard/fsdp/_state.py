@@ -132,6 +132,10 @@ class FSDPState:
             comm.last_forward_order = comm.pre_forward_order
             comm.pre_forward_order = []
             comm.post_forward_order.clear()
+            if not self.ctx.callback_queued:  # no backward in flight: a new iteration
+                for st in self.ctx.all_states:
+                    if st.group is not None:
+                        st.group.reset_backward_count()
         args, kwargs = self._cast_inputs(args, kwargs)
         g = self.group
         if g is not None:
@@ -167,9 +171,17 @@ class FSDPState:
         self.training_state = TrainingState.IDLE
         if self.ctx.iter_forward_root is self:
             self.ctx.iter_forward_root = None
+            no_backward = not fw.grad_enabled()
             for st in self.ctx.all_states:  # prefetches nobody consumed
                 if st.group is not None and st.group.training_state is TrainingState.IDLE:
                     st.group.discard_pending_unshard()
+                    if no_backward:
+                        # a no_grad forward (eval, warm-up) has no backward to wait for:
+                        # reshard every unit, the root too, so the module's parameters are
+                        # the sharded DTensors again (an optimizer built next steps them;
+                        # FSDP2 leaves the root unsharded and such an optimizer silently
+                        # steps copies)
+                        st.group.reshard()
         return self._cast_output(output)
 
     def _cast_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -187,6 +199,10 @@ class FSDPState:
     # ------------------------------------------------------------------ backward
     def pre_backward(self) -> None:
         if self.training_state is TrainingState.PRE_BACKWARD:
+            # another output or another call of the unit: only make sure it is unsharded
+            # (an earlier call's post-backward may have resharded it)
+            if self.group is not None:
+                self.group.pre_backward(prefetch=False)
             return
         self.training_state = TrainingState.PRE_BACKWARD
         if not self.ctx.callback_queued:

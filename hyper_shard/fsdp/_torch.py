@@ -137,9 +137,11 @@ class TorchFSDP(FSDPFramework):
         _apply_to_tensors(reg, output)
         return output
 
-    def hook_inputs(self, args: tuple, kwargs: dict, fn: Callable[[], None]) -> tuple[tuple, dict]:
+    def hook_inputs(
+        self, args: tuple, kwargs: dict, fn: Callable[[], None]
+    ) -> tuple[tuple, dict, bool]:
         if not torch.is_grad_enabled():
-            return args, kwargs
+            return args, kwargs, False
         found: list[torch.Tensor] = []
 
         def collect(t: torch.Tensor) -> torch.Tensor:
@@ -150,7 +152,7 @@ class TorchFSDP(FSDPFramework):
 
         _apply_to_tensors(collect, (args, kwargs))
         if not found:
-            return args, kwargs
+            return args, kwargs, False
         locals_ = []
         for t in found:
             with DisableTorchFunctionSubclass():
@@ -166,7 +168,8 @@ class TorchFSDP(FSDPFramework):
         def replace(t: torch.Tensor) -> torch.Tensor:
             return new.get(id(t), t)
 
-        return _apply_to_tensors(replace, (args, kwargs))
+        args, kwargs = _apply_to_tensors(replace, (args, kwargs))
+        return args, kwargs, True
 
     def queue_callback(self, fn: Callable[[], None]) -> None:
         torch.autograd.Variable._execution_engine.queue_callback(fn)  # type: ignore[attr-defined]

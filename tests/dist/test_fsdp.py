@@ -332,3 +332,111 @@ def check_collectives_and_errors(rank, world):
 def test_fsdp_collectives_and_errors(dist2):
     out = dist2.run(check_collectives_and_errors)
     assert len(out[0]) == 6 and len(out[1]) == 7  # rank 1 is not in the one-rank mesh
+
+
+class _Twice(torch.nn.Module):
+    """A unit (``a``) called twice in one forward, in the ways autograd orders its
+    backward differently; its inputs require grad through the root's ``scale``."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.a = torch.nn.Linear(5, 5)
+        self.b = torch.nn.Linear(5, 1)
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, 5).view(1, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * self.scale
+        if self.mode == "sum":  # both calls' gradients arrive together
+            h = self.a(x) + self.a(2 * x)
+        elif self.mode == "nested":  # the outer call's backward runs first
+            h = self.a(torch.tanh(self.a(x)))
+        elif self.mode == "first_no_grad":  # one call has no post-backward hook
+            h = self.a(x.detach()) + self.a(x)
+        else:
+            h = self.a(x) + self.a(x.detach())
+        return self.b(h)
+
+
+def check_unit_called_twice(rank, world):
+    """A unit called twice in one forward (as FSDP2 supports): two SGD steps, every
+    gradient and parameter against one process on the whole batch, with and without
+    ``reshard_after_forward``; one reduce-scatter per unit and step when every call's
+    input requires grad."""
+    from hyper_shard import init_device_mesh
+    from hyper_shard.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randn(4 * world, 5, generator=g) for _ in range(2)]
+    done = []
+    for mode in ("sum", "nested", "first_no_grad", "last_no_grad"):
+        for raf in (True, False):
+            torch.manual_seed(0)
+            ref = _Twice(mode)
+            torch.manual_seed(0)
+            model = _Twice(mode)
+            fully_shard(model.a, mesh=mesh, reshard_after_forward=raf)
+            fully_shard(model, mesh=mesh)
+            opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x in data:
+                ref(x).pow(2).mean().backward()
+                model(x.chunk(world)[rank]).pow(2).mean().backward()
+                for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+                    torch.testing.assert_close(p.grad.full_tensor(), q.grad, msg=f"{mode} {raf} grad {n}")
+                opt_ref.step()
+                opt.step()
+                opt_ref.zero_grad()
+                opt.zero_grad()
+                for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+                    torch.testing.assert_close(p.full_tensor(), q, msg=f"{mode} {raf} param {n}")
+            if mode in ("sum", "nested"):
+                counts = model._fsdp_state().comm.counts
+                assert counts["reduce_scatter"] == 2 * len(data), (mode, raf, counts)
+            done.append((mode, raf))
+    return done
+
+
+def test_fsdp_unit_called_twice_in_forward(dist2):
+    out = dist2.run(check_unit_called_twice)
+    assert out[0] == out[1] and len(out[0]) == 8
+
+
+def check_no_grad_forward_first(rank, world):
+    """A no_grad forward (an eval pass) before the optimizer is built: the module's
+    parameters are the sharded DTensors afterwards, and two SGD steps equal one process
+    (FSDP2 leaves the root unsharded there, and the optimizer steps copies)."""
+    from hyper_shard import DTensor, init_device_mesh
+    from hyper_shard.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4 * world, 5, generator=g), torch.randn(4 * world, 1, generator=g)
+
+    def make():  # noqa: ANN202
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 1))
+
+    ref, model = make(), make()
+    fully_shard(model[0], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    with torch.no_grad():
+        model(x[:2])
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        torch.nn.functional.mse_loss(model(x.chunk(world)[rank]), y.chunk(world)[rank]).backward()
+        opt_ref.step()
+        opt.step()
+        opt_ref.zero_grad()
+        opt.zero_grad()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.full_tensor(), q, msg=f"param {n}")
+    return True
+
+
+def test_fsdp_no_grad_forward_before_optimizer(dist2):
+    assert dist2.run(check_no_grad_forward_first) == [True, True]
