@@ -9,6 +9,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch is pinned to the CPU wheel; MindSpore needs numpy 1.26.4 pinned in the same command;
 # the examples extra (transformers...) is there for the test that runs the main job
-.venv/bin/pip install -q torch==2.13.0 mindspore==2.10.0 numpy==1.26.4 -e ".[dev,examples]"
+.venv/bin/pip install -q torch==2.13.0 mindspore==2.10.0 numpy==1.26.4 -e ".[dev,examples,torch,mindspore]"
 export OMP_NUM_THREADS=1
 exec .venv/bin/python -m pytest -q "$@"

@@ -8,6 +8,6 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 # torch is pinned to the CPU wheel; numpy pinned as tools/test.sh pins it (MindSpore shares .venv)
-.venv/bin/pip install -q torch==2.13.0 numpy==1.26.4 -e ".[examples]"
+.venv/bin/pip install -q torch==2.13.0 numpy==1.26.4 -e ".[examples,torch]"
 export OMP_NUM_THREADS=1
 exec .venv/bin/python examples/train_llama_tp.py "$@"

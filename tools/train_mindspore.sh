@@ -9,6 +9,6 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 # the versions tools/test.sh pins (MindSpore and torch share .venv)
-.venv/bin/pip install -q mindspore==2.10.0 numpy==1.26.4 -e ".[examples-mindspore]"
+.venv/bin/pip install -q mindspore==2.10.0 numpy==1.26.4 -e ".[examples-mindspore,mindspore]"
 export OMP_NUM_THREADS=1 GLOG_v=3
 exec .venv/bin/python examples/mindspore_llama_tp.py "$@"
