@@ -238,27 +238,8 @@ class IndexOp(PlannedOp):
     # -- strided slice ----------------------------------------------------------------
     @_KINDS.kind(
         "strided_slice",
-        (
-            "input",
-            "begin",
-            "end",
-            "strides",
-            "begin_mask",
-            "end_mask",
-            "ellipsis_mask",
-            "new_axis_mask",
-            "shrink_axis_mask",
-        ),
-        (
-            "begin",
-            "end",
-            "strides",
-            "begin_mask",
-            "end_mask",
-            "ellipsis_mask",
-            "new_axis_mask",
-            "shrink_axis_mask",
-        ),
+        ("input", "begin", "end", "strides", *_MASKS),
+        ("begin", "end", "strides", *_MASKS),
     )
     def _plan_strided_slice(self, call: OpCall) -> OpPlan:
         x = call.specs[0]

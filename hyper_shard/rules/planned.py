@@ -23,6 +23,7 @@ from ..redistribute.planner import cost_model_for
 from ._util import R, as_int, normalize_dim
 
 __all__ = [
+    "planned_with_context",
     "OpPlan",
     "PlannedOp",
     "keep_strategies",
@@ -76,19 +77,11 @@ class PlannedOp(DistributedOp):
             self.static_names = tuple(static)
 
     def checked_plan(self, call: OpCall) -> OpPlan:
-        try:
-            return self.plan(call)
-        except ShardingError:
-            raise
-        except IndexError as e:
-            raise IndexError(f"{call.describe()}: {e}") from e
-        except TypeError as e:
-            raise TypeError(f"{call.describe()}: {e}") from e
-        except ValueError as e:
-            raise ShardingError(
-                f"{call.describe()}: {e} (sizes, dims and indices are GLOBAL, as for the full "
-                f"tensor)"
-            ) from e
+        return planned_with_context(
+            call,
+            lambda: self.plan(call),
+            " (sizes, dims and indices are GLOBAL, as for the full tensor)",
+        )
 
     def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
         return list(self.checked_plan(call).shapes)
@@ -166,3 +159,20 @@ def dims_arg(v: Any, ndim: int, what: str) -> list[int]:
     if len(set(out)) != len(out):
         raise ValueError(f"{what}: dim appears multiple times in the list of dims {list(vals)}")
     return out
+
+
+def planned_with_context(call: OpCall, plan: Callable[[], Any], hint: str) -> Any:
+    """``plan()``, its errors naming the call: an IndexError or TypeError keeps its type
+    with ``call.describe()`` in front; a ValueError (a bad size, dim or index) becomes a
+    ShardingError ending with ``hint``; a ShardingError passes as it is. Chained (``from``).
+    """
+    try:
+        return plan()
+    except ShardingError:
+        raise
+    except IndexError as e:
+        raise IndexError(f"{call.describe()}: {e}") from e
+    except TypeError as e:
+        raise TypeError(f"{call.describe()}: {e}") from e
+    except ValueError as e:
+        raise ShardingError(f"{call.describe()}: {e}{hint}") from e

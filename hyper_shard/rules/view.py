@@ -74,6 +74,7 @@ from ._view_dims import (
     unsqueeze_map,
     wrap_dim,
 )
+from .planned import planned_with_context
 
 __all__ = ["ViewOp", "ViewParams", "ViewPlan", "layout_is_exact"]
 
@@ -182,19 +183,13 @@ class ViewOp(DistributedOp):
             ShardingError, IndexError, TypeError: see the class docstring.
         """
         kind = self.params.kind
-        try:
-            return _KINDS[kind].plan(self, call, call.specs[0].shape, call.static)
-        except ShardingError:
-            raise
-        except IndexError as e:
-            raise IndexError(f"{call.describe()}: {e}") from e
-        except TypeError as e:
-            raise TypeError(f"{call.describe()}: {e}") from e
-        except ValueError as e:
-            raise ShardingError(
-                f"{call.describe()}: {e}. Sizes and dims are GLOBAL (as torch.Tensor.{kind} on "
-                f"the full tensor of shape {tuple(call.specs[0].shape)}), not the local shard's"
-            ) from e
+        shape = call.specs[0].shape
+        return planned_with_context(
+            call,
+            lambda: _KINDS[kind].plan(self, call, shape, call.static),
+            f". Sizes and dims are GLOBAL (as torch.Tensor.{kind} on the full tensor of shape "
+            f"{tuple(shape)}), not the local shard's",
+        )
 
     def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
         return self._strategies(call, self.plan(call))
