@@ -18,6 +18,7 @@ __all__ = [
     "stdlib_text",
     "corpus_bytes",
     "llama_tp_plan",
+    "llama_config_kwargs",
     "add_common_args",
     "resolve_layout",
     "mode_name",
@@ -66,6 +67,21 @@ def corpus_bytes() -> bytes:
             f"this Python install ships no standard-library .py sources"
         )
     return text
+
+
+def llama_config_kwargs(args: argparse.Namespace, vocab: int) -> dict[str, Any]:
+    """The Llama config both jobs build from the shared flags (Hugging Face
+    ``LlamaConfig`` argument names; the MindSpore model's config takes the same)."""
+    return {
+        "vocab_size": vocab,
+        "hidden_size": args.hidden,
+        "intermediate_size": args.ffn,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": args.heads,
+        "num_key_value_heads": args.kv_heads,
+        "max_position_embeddings": args.seq,
+        "rms_norm_eps": 1e-5,
+    }
 
 
 def llama_tp_plan(sp: bool, styles: Any, Replicate: Any, Shard: Any) -> dict[str, Any]:

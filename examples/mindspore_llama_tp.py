@@ -47,6 +47,7 @@ from llama_common import (  # noqa: E402  (the examples directory first on the p
     add_common_args,
     corpus_bytes,
     layout_text,
+    llama_config_kwargs,
     llama_tp_plan,
     report,
     validate,
@@ -87,17 +88,7 @@ def batches(
 def _config(args: argparse.Namespace) -> Any:
     from mindspore_llama_model import LlamaConfig
 
-    return LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=args.hidden,
-        intermediate_size=args.ffn,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        max_position_embeddings=args.seq,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=args.tie,
-    )
+    return LlamaConfig(**llama_config_kwargs(args, VOCAB), tie_word_embeddings=args.tie)
 
 
 def train(rank: int, world: int, args: argparse.Namespace, data: np.ndarray, tp: bool) -> dict:

@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama_common import (  # noqa: E402  (the examples directory first on the path)
     add_common_args,
     corpus_bytes,
+    llama_config_kwargs,
     llama_tp_plan,
     mode_name,
     report,
@@ -91,16 +92,7 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
 
     transformers.logging.set_verbosity_error()
     cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=args.hidden,
-        intermediate_size=args.ffn,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        max_position_embeddings=args.seq,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        attn_implementation="sdpa",
+        **llama_config_kwargs(args, VOCAB), tie_word_embeddings=False, attn_implementation="sdpa"
     )
     torch.manual_seed(args.seed)
     return LlamaForCausalLM(cfg)
