@@ -5,6 +5,7 @@ and backward."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -87,6 +88,122 @@ def _local_objective(o: Any, w: torch.Tensor) -> torch.Tensor:
     return (o.to_local() * wl).sum()
 
 
+#: Partial reduce ops whose reconstruction from the ranks' locals does not depend on the
+#: order the mesh dims are reduced in (any mix of sum and avg; max alone; min alone)
+_ORDER_FREE = ({"sum", "avg"}, {"max"}, {"min"})
+
+
+def _np(t: torch.Tensor) -> Any:
+    """``t`` as a numpy array when numpy has its dtype (cheap to pickle), else ``t``."""
+    try:
+        return t.numpy()
+    except TypeError:
+        return t
+
+
+class _Comparisons:
+    """The value checks of one :func:`check_op` call, run together at its end.
+
+    A DTensor value equals its reference when every rank's shard equals the same slice of
+    the reference (outputs without Partial) or when, for every rank, the reduction of the
+    locals of the ranks that differ from it only on the Partial mesh dims equals its slice
+    (Partial outputs: the ranks' locals are exchanged in one ``all_gather_object`` per
+    ``check_op`` call instead of a ``full_tensor`` per value). The comparisons themselves
+    are one ``torch.testing.assert_close`` per dtype over the concatenated values (the same
+    elementwise tolerance); a failure is re-checked value by value to name its placements.
+    Partial outputs whose reduce ops do not commute, or on a mesh that is not the whole
+    world, are checked at once with ``full_tensor`` as before.
+    """
+
+    def __init__(self, mesh: Any, rtol: float, atol: float) -> None:
+        import torch.distributed as dist
+
+        self.mesh, self.rtol, self.atol = mesh, rtol, atol
+        self.pairs: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+        self.partial: list[tuple[str, torch.Tensor, Any, torch.Tensor]] = []
+        self.world = (
+            dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
+        )
+
+    def add(self, what: str, dt: Any, ref: torch.Tensor) -> None:
+        """Check (now or at :meth:`flush`) that ``dt``'s global value equals ``ref``."""
+        spec = dt._spec
+        assert tuple(spec.shape) == tuple(ref.shape), (what, tuple(spec.shape), tuple(ref.shape))
+        ops = {p.reduce_op for p in spec.placements if isinstance(p, Partial)}
+        if not ops:
+            off, ls = spec.global_offset(), spec.local_shape()
+            want = ref[tuple(slice(o, o + n) for o, n in zip(off, ls))]
+            self.pairs.append((what, dt.to_local().detach().clone(), want.detach()))
+        elif (
+            any(ops <= ok for ok in _ORDER_FREE)
+            and ref.dtype != torch.bool
+            and self.world == self.mesh.size()
+        ):
+            self.partial.append((what, dt.to_local().detach().clone(), spec, ref.detach()))
+        else:
+            self.pairs.append((what, dt.full_tensor().detach(), ref.detach()))
+
+    def _reduce_partials(self) -> None:
+        import torch.distributed as dist
+
+        mesh = self.mesh
+        mine = mesh.get_coordinate()
+        gathered: list[Any] = [None] * self.world
+        # numpy arrays: pickling thousands of small torch tensors costs seconds
+        dist.all_gather_object(gathered, (mine, [_np(x) for _, x, _, _ in self.partial]))
+        for _, locals_ in gathered:
+            assert len(locals_) == len(self.partial), "ranks checked different values"
+            locals_[:] = [torch.as_tensor(x) for x in locals_]
+        for i, (what, _, spec, ref) in enumerate(self.partial):
+            pdims = [m for m, p in enumerate(spec.placements) if isinstance(p, Partial)]
+            group = [
+                locals_[i]
+                for coord, locals_ in gathered
+                if all(coord[m] == mine[m] for m in range(mesh.ndim) if m not in pdims)
+            ]
+            ops = {spec.placements[m].reduce_op for m in pdims}
+            stacked = torch.stack(group)
+            if ops <= {"sum", "avg"}:
+                value = stacked.sum(0)
+                n_avg = math.prod(
+                    mesh.shape[m] for m in pdims if spec.placements[m].reduce_op == "avg"
+                )
+                if n_avg > 1:
+                    value = value / n_avg
+            elif ops == {"max"}:
+                value = stacked.amax(0)
+            else:
+                value = stacked.amin(0)
+            off, ls = spec.global_offset(), spec.local_shape()
+            want = ref[tuple(slice(o, o + n) for o, n in zip(off, ls))]
+            self.pairs.append((what, value, want))
+
+    def flush(self) -> None:
+        """Run the deferred checks; raise AssertionError naming the first failing value."""
+        if self.partial:
+            self._reduce_partials()
+        by_dtype: dict[Any, list[tuple[str, torch.Tensor, torch.Tensor]]] = {}
+        for what, got, want in self.pairs:
+            if got.shape != want.shape or got.dtype != want.dtype:
+                self._one(what, got, want)  # raises: shape or dtype differ
+            by_dtype.setdefault(got.dtype, []).append((what, got, want))
+        for items in by_dtype.values():
+            got = torch.cat([g.reshape(-1) for _, g, _ in items])
+            want = torch.cat([w.reshape(-1) for _, _, w in items])
+            try:
+                torch.testing.assert_close(got, want, rtol=self.rtol, atol=self.atol)
+            except AssertionError:
+                for what, g, w in items:
+                    self._one(what, g, w)
+                raise
+
+    def _one(self, what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        try:
+            torch.testing.assert_close(got, want, rtol=self.rtol, atol=self.atol)
+        except AssertionError as e:
+            raise AssertionError(f"{what}: {e}") from e
+
+
 def placement_options(ndim: int, partials: Sequence[str] = ("sum",)) -> list[Placement]:
     return [Replicate(), *[Shard(d) for d in range(ndim)], *[Partial(op) for op in partials]]
 
@@ -140,8 +257,10 @@ def check_op(
         )
         if isinstance(loss, torch.Tensor):
             loss.backward()
+    checks = _Comparisons(mesh, rtol, atol)
     n = 0
     for combo in combos:
+        desc = [[str(p) for p in pl] for pl in combo]
         ins = [
             dt_from_global(t, mesh, pl, seed=seed + i, requires_grad=grad and t.is_floating_point())
             for i, (t, pl) in enumerate(zip(tensors, combo))
@@ -150,10 +269,10 @@ def check_op(
             out = fn(*ins)
             outs = out if isinstance(out, (tuple, list)) else (out,)
             assert len(outs) == len(refs)
-            for o, r in zip(outs, refs):
+            for k, (o, r) in enumerate(zip(outs, refs)):
                 if isinstance(r, torch.Tensor):
                     assert isinstance(o, DTensor), f"expected a DTensor output, got {type(o)}"
-                    assert_dtensor_close(o, r.detach(), rtol, atol)
+                    checks.add(f"placements {desc}: output {k}", o, r.detach())
                 else:
                     assert o == r
             if grad and any(i.requires_grad for i in ins):
@@ -168,9 +287,9 @@ def check_op(
                         if rin.grad is None:
                             continue
                         assert dti.grad is not None, f"input {i} got no gradient"
-                        assert_dtensor_close(dti.grad, rin.grad, rtol, atol)
+                        checks.add(f"placements {desc}: gradient of input {i}", dti.grad, rin.grad)
         except Exception as e:
-            desc = [[str(p) for p in pl] for pl in combo]
             raise AssertionError(f"placements {desc}: {type(e).__name__}: {e}") from e
         n += 1
+    checks.flush()
     return n
