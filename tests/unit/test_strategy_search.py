@@ -15,9 +15,24 @@ import pytest
 from hyper_shard import DeviceMesh, Partial, Replicate, Shard
 from hyper_shard.dispatch.op import OpCall
 from hyper_shard.dispatch.search import full_expansion, search_strategy
+from hyper_shard.redistribute import planner
 from hyper_shard.redistribute.cost import DEFAULT_COST_MODEL
 from hyper_shard.registry import get_registry
 from hyper_shard.spec import DTensorSpec, TensorMeta, contiguous_stride
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _every_plan_kept():
+    """full_expansion prices the same (source, target) pairs again and again across the
+    sampled sources (tens of thousands of distinct pairs on a (2, 2, 2) mesh): keep every
+    plan for this module instead of the planner's 4096 most recent (the same plans, with
+    half the Dijkstra runs), then trim back."""
+    old = planner._PLAN_CACHE_MAX
+    planner._PLAN_CACHE_MAX = 1 << 20
+    yield
+    planner._PLAN_CACHE_MAX = old
+    while len(planner._PLAN_CACHE) > old:
+        planner._PLAN_CACHE.popitem(last=False)
 
 
 def _spec(mesh, pl, shape):
