@@ -101,8 +101,9 @@ def _np(t: torch.Tensor) -> Any:
         return t
 
 
-class _Comparisons:
-    """The value checks of one :func:`check_op` call, run together at its end.
+class Comparisons:
+    """Value checks of DTensors against plain tensors, run together by :meth:`flush` (one
+    per :func:`check_op` call, at its end).
 
     A DTensor value equals its reference when every rank's shard equals the same slice of
     the reference (outputs without Partial) or when, for every rank, the reduction of the
@@ -257,7 +258,7 @@ def check_op(
         )
         if isinstance(loss, torch.Tensor):
             loss.backward()
-    checks = _Comparisons(mesh, rtol, atol)
+    checks = Comparisons(mesh, rtol, atol)
     n = 0
     for combo in combos:
         desc = [[str(p) for p in pl] for pl in combo]

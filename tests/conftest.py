@@ -29,9 +29,3 @@ def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001
     for pool in _POOLS.values():
         pool.close()
     _POOLS.clear()
-
-
-@pytest.fixture(scope="session")
-def rank_pool_composed() -> DistPool:
-    """4 ranks whose torch platform composes reduce-scatter and all-to-all."""
-    return get_pool(4, HYPER_SHARD_COMPOSE="reduce_scatter,all_to_all")
