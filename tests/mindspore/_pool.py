@@ -92,7 +92,6 @@ class MSPool:
     def __init__(self, world: int, env: dict | None = None) -> None:
         self.world = world
         self.env = dict(env or {})
-        self._pending: Any = None
         self._start()
 
     def _start(self) -> None:
@@ -118,19 +117,8 @@ class MSPool:
             AssertionError: some rank raised (its traceback is in the message) or the
                 ranks did not finish within ``timeout`` seconds (the pool restarts).
         """
-        self.submit(fn, *args)
-        return self.collect(timeout=timeout)
-
-    def submit(self, fn: Any, *args: Any) -> None:
-        """Start ``fn(rank, world, *args)`` on every rank without waiting (another pool can
-        run meanwhile); :meth:`collect` must follow before this pool's next task."""
         for q in self.tasks:
             q.put((fn.__module__, fn.__name__, args))
-        self._pending = fn
-
-    def collect(self, timeout: float = 120) -> list[Any]:
-        """The per-rank results of the task :meth:`submit` started (raises as :meth:`run`)."""
-        fn, self._pending = self._pending, None
         out: dict[int, Any] = {}
         errors = []
         try:

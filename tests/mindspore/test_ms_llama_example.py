@@ -38,11 +38,8 @@ def train_runs(rank: int, world: int, tp: bool) -> list[list[float]]:
 
 
 def test_llama_tp_losses_match_one_process(ms1, ms2) -> None:
-    ms2.submit(train_runs, True)  # the TP run and the one-process run side by side
-    try:
-        (single,) = ms1.run(train_runs, False, timeout=600)
-    finally:
-        tp0, tp1 = ms2.collect(timeout=600)
+    tp0, tp1 = ms2.run(train_runs, True, timeout=600)
+    (single,) = ms1.run(train_runs, False, timeout=600)
     assert tp0 == tp1  # the loss is Replicate: every rank reads the same value
     for (flags, steps), a, b in zip(RUNS, tp0, single):
         assert len(a) == len(b) == steps
