@@ -6,7 +6,10 @@ combination of a (2,) mesh (``Shard`` of every dim, ``Replicate``, ``Partial(sum
 random decomposition; uneven shapes) and on plain tensors of the same global values:
 ``full_tensor()`` must equal the plain result, and the gradients of ``sum(out * W)`` with
 respect to every input (through hyper_shard's ``value_and_grad``) must equal
-``mindspore.grad``'s.
+``mindspore.grad``'s. The global values of the outputs and gradients are rebuilt in the
+pytest process from the shards every rank returns, as each rank's ``full_tensor()`` would
+give them (Replicate: its own local; Shard: the locals at their offsets; Partial: their
+reduction), instead of a ``full_tensor()`` collective per value (:func:`_judge`).
 
 The list of ops and their status is written to ``docs/op_coverage_mindspore.md``. A
 Primitive MindSpore has no CPU kernel for is listed as such (the plain call fails too);
