@@ -122,12 +122,14 @@ def fully_shard(
         mesh = _default_mesh(module, fw)
     info = MeshInfo(mesh)
     if fw.own_units:  # MindSpore: functional autograd, a unit is a differentiable gather
-        if mp_policy != _NO_MIXED_PRECISION or isinstance(offload_policy, CPUOffloadPolicy):
+        if isinstance(offload_policy, CPUOffloadPolicy):
             raise NotImplementedError(
-                f"fully_shard on a {fw.name} module: mp_policy and CPUOffloadPolicy are "
-                f"torch-only for now; leave them at their defaults"
+                f"fully_shard on a {fw.name} module: CPUOffloadPolicy is torch-only for now "
+                f"(MindSpore CPU tensors already live in host memory; on a device keep "
+                f"offload_policy=None)"
             )
-        fw.shard_unit(module, info, _managed_params(module, fw, set(map(id, ignored_params or ()))))
+        ignored = set(map(id, ignored_params or ()))
+        fw.shard_unit(module, info, _managed_params(module, fw, ignored), mp_policy)
         module.__class__ = fw.fsdp_class(type(module))
         return module
     plat = mesh.platform
