@@ -118,11 +118,58 @@ class MindSporeFSDP(FSDPFramework):
             lshape = tuple(_local_shape(p))
             sharded.append(MSParam(sp, sites, lshape, ospec))
         unit = MSUnit(module, info, sharded, mp)
+        _register_state_dict_hooks(sharded, unit)
         if sharded or mp.param_dtype is not None or mp.output_dtype is not None:
             module.register_forward_pre_hook(unit.pre_forward, with_kwargs=True)
             module.register_forward_hook(unit.post_forward)
         module.__dict__["_hs_fsdp_unit"] = unit
         return unit
+
+
+def _register_state_dict_hooks(params: list[MSParam], unit: MSUnit) -> None:
+    """``Cell.state_dict()`` returns the sharded DTensor Parameters (the unit is resharded
+    first). ``Cell.load_state_dict`` takes sharded DTensors (another layout on the same
+    mesh is redistributed) or full plain tensors (every rank holds the whole value; each
+    keeps its box): a pre-hook copies each entry into this rank's shard itself (MindSpore's
+    own copy would ``asnumpy()`` a DTensor, i.e. assign the full tensor to the shard) and
+    takes it out of the dict; a post-hook drops those keys from ``missing_keys``."""
+    from .api import _to_sharded_value
+
+    by_cell: dict[int, tuple[Any, list[tuple[str, MSParam]]]] = {}
+    for p in params:
+        for m, name in p.sites:
+            by_cell.setdefault(id(m), (m, []))[1].append((name, p))
+    for cell, entries in by_cell.values():
+        loaded: list[str] = []
+
+        def pre_save(*_a: Any) -> None:
+            unit.reshard()
+
+        def pre_load(_cell: Any, sd: dict, prefix: str, *_a: Any, entries: list = entries,
+                     loaded: list = loaded) -> None:  # fmt: skip
+            unit.reshard()
+            for name, p in entries:
+                key = prefix + name
+                if key in sd:
+                    value = _to_sharded_value(p.param, sd.pop(key), key)
+                    if value._spec.shard_order != p.param._spec.shard_order:
+                        value = _to_sharded_value(p.param, value.full_tensor(), key)
+                    with NoFallbackGuard():
+                        local = Tensor._make_subclass(Tensor, value)
+                        if local.dtype != p.param.dtype:
+                            local = local.astype(p.param.dtype)
+                        Tensor.assign_value(p.param, ops.deepcopy(local))
+                    loaded.append(key)
+
+        def post_load(_cell: Any, incompatible: Any, loaded: list = loaded) -> None:
+            for key in loaded:
+                while key in incompatible.missing_keys:
+                    incompatible.missing_keys.remove(key)
+            loaded.clear()
+
+        cell.register_state_dict_pre_hook(pre_save)
+        cell.register_load_state_dict_pre_hook(pre_load)
+        cell.register_load_state_dict_post_hook(post_load)
 
 
 class _Owner:

@@ -246,13 +246,15 @@ def _register_state_dict_hooks(fw: Any, group: FSDPParamGroup) -> None:
         fw.register_state_dict_hooks(m, pre_save, pre_load)
 
 
-def _to_sharded_value(fp: FSDPParam, value: Any, key: str) -> Any:
-    """A state-dict value as a DTensor with ``fp``'s sharded layout.
+def _to_sharded_value(fp: Any, value: Any, key: str) -> Any:
+    """A state-dict value as a DTensor with ``fp``'s sharded layout (``fp``: an
+    :class:`FSDPParam` or a sharded DTensor parameter, anything with a ``spec`` or a
+    ``_spec``).
 
     Raises:
         ValueError: a plain tensor or DTensor whose global shape is not the parameter's.
     """
-    spec = fp.spec
+    spec = fp.spec if isinstance(fp, FSDPParam) else fp._spec
     plat = spec.mesh.platform
     if isinstance(value, DTensor):
         vs = value._spec

@@ -125,9 +125,7 @@ def check_fsdp_2d(rank: int, world: int, steps: int) -> dict:
     vg = value_and_grad(loss_of(net), None, opt.parameters)
     ref_vg = ms.value_and_grad(loss_of(ref), None, ref_opt.parameters)
     dp = mesh.get_coordinate()[0]
-    out["tp"] = _train(
-        net, ref, opt, ref_opt, vg, ref_vg, data, target, slice(4 * dp, 4 * dp + 4)
-    )
+    out["tp"] = _train(net, ref, opt, ref_opt, vg, ref_vg, data, target, slice(4 * dp, 4 * dp + 4))
     out["tp"]["shown"] = type(net.blk.up.weight).__name__
     return out
 
@@ -155,10 +153,14 @@ def test_hsdp_and_fsdp_over_tp_cells_match_one_process(ms4):
     for o in outs:
         t = o["tp"]
         assert t["grad_err"] < 1e-5 and t["werr"] < 1e-5, (t["grad_err"], t["werr"])
-        pl = {k.split(".", 1)[1] if k.startswith("net") else k: v for k, v in t["placements"].items()}
+        pl = {
+            k.split(".", 1)[1] if k.startswith("net") else k: v for k, v in t["placements"].items()
+        }
         pl = {".".join(k.split(".")[-3:]): v for k, v in pl.items()}
         # column-parallel weight: dim 0 split by tp first, then by dp (shard order 0: [1, 0])
-        assert pl["blk.up.weight"] == ("(Shard(dim=0), Shard(dim=0))",) * 2 + ("(ShardOrderEntry(tensor_dim=0, mesh_dims=(1, 0)),)",)
+        assert pl["blk.up.weight"] == ("(Shard(dim=0), Shard(dim=0))",) * 2 + (
+            "(ShardOrderEntry(tensor_dim=0, mesh_dims=(1, 0)),)",
+        )
         assert pl["blk.down.weight"][:2] == ("(Shard(dim=0), Shard(dim=1))",) * 2
         # a Replicate tensor-parallel bias: its gradient is Partial on tp, as in plain TP
         assert pl["blk.down.bias"][:2] == (
