@@ -221,8 +221,8 @@ class MSFSDPCell(FSDPModule):
         ``value_and_grad`` returns over the micro-batches, or taking the last one's, gives
         the reduced sum of all micro-batches' gradients either way. ``recurse``: every
         FSDP unit inside this Cell too."""
-        for cell in self.cells_and_names() if recurse else [("", self)]:  # type: ignore[attr-defined]
-            unit = cell[1].__dict__.get("_hs_fsdp_unit")
+        for _, cell in self.cells_and_names() if recurse else [("", self)]:  # type: ignore[attr-defined]
+            unit = cell.__dict__.get("_hs_fsdp_unit")
             if unit is not None:
                 unit.requires_gradient_sync = bool(requires_gradient_sync)
 
@@ -231,12 +231,15 @@ class MSFSDPCell(FSDPModule):
             f"{type(self).__name__}.{name}: not supported on MindSpore Cells; {why}"
         )
 
-    def set_requires_all_reduce(self, *a: Any, **k: Any) -> None:
-        self._unsupported(
-            "set_requires_all_reduce",
-            "HSDP all-reduces every synchronised backward; use set_requires_gradient_sync(False) "
-            "for the micro-batches instead (no communication at all)",
-        )
+    def set_requires_all_reduce(self, requires_all_reduce: bool, *, recurse: bool = True) -> None:
+        """As FSDP2's (HSDP): ``False`` makes the following backwards reduce over the shard
+        dim only and keep the reduced shard (the gradients returned are zeros); the next
+        backward with it on adds them and all-reduces once over the replicate dim. No
+        effect on a 1-D mesh. ``recurse``: every FSDP unit inside this Cell too."""
+        for _, cell in self.cells_and_names() if recurse else [("", self)]:  # type: ignore[attr-defined]
+            unit = cell.__dict__.get("_hs_fsdp_unit")
+            if unit is not None:
+                unit.requires_all_reduce = bool(requires_all_reduce)
 
     def set_reshard_after_forward(self, *a: Any, **k: Any) -> None:
         self._unsupported(

@@ -13,7 +13,9 @@ calls for this form instead of the torch core's hook-driven state machine).
   over the shard dim (the mean; on CPU, where mccl has no reduce-scatter, an all-reduce
   and this rank's slice), HSDP then all-reduced (mean) over the replicate dim, cast back
   to the parameters' dtype. Without gradient sync it is added to the unit's accumulator
-  instead (zeros go back) and joins the next synchronised reduction;
+  instead (zeros go back) and joins the next synchronised reduction; HSDP without
+  all-reduce (``set_requires_all_reduce(False)``) keeps the reduced shard instead, for
+  the next backward's all-reduce;
 * **after forward** (a forward hook) the attributes are dropped again (the Cell shows its
   sharded parameters); the gathered values stay alive on MindSpore's autograd tape until
   the backward has used them (no re-gather in backward).
@@ -68,6 +70,8 @@ class MSUnit:
         gathers: all-gathers run so far (one per forward; tests count them).
         reduces: gradient reductions run so far (one per synchronised backward).
         requires_gradient_sync: False: backward accumulates instead of reducing.
+        requires_all_reduce: False (HSDP): backward reduces over the shard dim and keeps
+            the result for the next all-reduce over the replicate dim.
     """
 
     def __init__(self, module: Any, info: MeshInfo, params: list[MSParam], mp: Any) -> None:
@@ -84,7 +88,9 @@ class MSUnit:
         rd = mp.reduce_dtype if floating and mp.reduce_dtype is not None else self.compute_dtype
         self.reduce_dtype = rd
         self.requires_gradient_sync = True
+        self.requires_all_reduce = True
         self.acc: Tensor | None = None  # unsharded flat gradient accumulated without sync
+        self.acc_shard: Tensor | None = None  # HSDP: reduced shard awaiting its all-reduce
         self.gathers = 0
         self.reduces = 0
         self._set: list[tuple[Any, str]] = []
@@ -143,6 +149,11 @@ class MSUnit:
                     g = ops.deepcopy(mint.narrow(full, 0, c * S, S))
         if info.replicate_size > 1:
             with NoFallbackGuard():
+                if self.acc_shard is not None:
+                    g, self.acc_shard = g + self.acc_shard, None
+                if not self.requires_all_reduce:  # HSDP micro-batch: all-reduce later
+                    self.acc_shard = g
+                    return mint.zeros((S,), dtype=self.dtype)
                 g = plat.all_reduce(g, "avg", info.replicate_group())
         with NoFallbackGuard():
             return g.astype(self.dtype) if g.dtype != self.dtype else g

@@ -188,11 +188,30 @@ def check_no_sync(rank: int, world: int, micro: int) -> dict:
         err_last = max(err_last, float(np.abs(full - r.asnumpy()).max()))
         box = hs.DTensor.from_local(s, g.device_mesh, g.placements, shape=g.shape)
         err_sum = max(err_sum, float(np.abs(box.full_tensor().asnumpy() - r.asnumpy()).max()))
+    # HSDP (replicate 2, shard 1): set_requires_all_reduce(False) on the first micro-batches
+    hmesh = hs.init_device_mesh("CPU", (world, 1), mesh_dim_names=("replicate", "shard"))
+    hnet = _model(1)
+    for cell in (hnet.b1, hnet.b2, hnet):
+        fully_shard(cell, mesh=hmesh)
+    hvg = value_and_grad(lambda x, t: ((hnet(x) - t) ** 2).mean(), None, hnet.trainable_params())
+    deferred = 0
+    for i in range(micro):
+        hnet.set_requires_all_reduce(i == micro - 1)
+        n0 = len(recent_ops())
+        _, hgrads = hvg(Tensor(data[i][sl]), Tensor(target[i][sl]))
+        if i < micro - 1:
+            deferred += len(_collectives(n0))
+    err_hsdp = max(
+        float(np.abs(g.full_tensor().asnumpy() - r.asnumpy()).max())
+        for g, r in zip(hgrads, ref_sum)
+    )
     return {
         "err_last": err_last,
         "err_sum": err_sum,
         "no_sync_reduces": no_sync_reduces,
         "reduces": [net.b1._hs_fsdp_unit.reduces, net._hs_fsdp_unit.reduces],
+        "deferred_collectives": deferred,
+        "err_hsdp": err_hsdp,
     }
 
 
@@ -200,13 +219,16 @@ def test_fully_shard_cell_gradient_accumulation_without_sync(ms2):
     """set_requires_gradient_sync(False) on the first micro-batches: no reduction runs for
     them; the synchronised last backward reduces the sum of all micro-batches' gradients
     (equal to one process's summed gradients), and summing the returned gradients over the
-    micro-batches gives the same."""
+    micro-batches gives the same. HSDP's set_requires_all_reduce(False) defers the
+    replicate all-reduce the same way."""
     micro = 3
     for o in ms2.run(check_no_sync, micro):
         assert o["no_sync_reduces"] == 0
         assert o["reduces"] == [1, 1]
         assert o["err_last"] < 1e-5, o["err_last"]
         assert o["err_sum"] < 1e-5, o["err_sum"]
+        assert o["deferred_collectives"] == 0  # HSDP: the all-reduce waits for the last
+        assert o["err_hsdp"] < 1e-5, o["err_hsdp"]
 
 
 def check_state_dict(rank: int, world: int, ckpt: str) -> dict:
