@@ -200,8 +200,10 @@ def _shard(plat: Any, info: MeshInfo, p: Any) -> tuple[Tensor, Any, tuple[int, .
 
 class MSFSDPCell(FSDPModule):
     """The MindSpore ``FSDP<Cell>`` base: ``unshard()`` (the Cells show their unsharded
-    parameters until ``reshard()``), ``reshard()`` and ``set_requires_gradient_sync``. The
-    other setters of :class:`FSDPModule` raise ``NotImplementedError`` (see each)."""
+    parameters until ``reshard()``), ``reshard()``, ``set_requires_gradient_sync`` and
+    ``set_requires_all_reduce``. The resharding, last-backward and prefetch setters of
+    :class:`FSDPModule` raise ``NotImplementedError`` (each says why: they choose between
+    behaviours the functional design does not have)."""
 
     def reshard(self) -> None:
         _unit(self).reshard()
