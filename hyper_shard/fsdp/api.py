@@ -122,11 +122,13 @@ def fully_shard(
         mesh = _default_mesh(module, fw)
     info = MeshInfo(mesh)
     if fw.own_units:  # MindSpore: functional autograd, a unit is a differentiable gather
-        if isinstance(offload_policy, CPUOffloadPolicy):
+        device = getattr(mesh.platform, "device", "CPU")
+        if isinstance(offload_policy, CPUOffloadPolicy) and device != "CPU":
+            # on CPU every shard, gradient and optimizer state already is in host memory
             raise NotImplementedError(
-                f"fully_shard on a {fw.name} module: CPUOffloadPolicy is torch-only for now "
-                f"(MindSpore CPU tensors already live in host memory; on a device keep "
-                f"offload_policy=None)"
+                f"fully_shard on a {fw.name} module on {device}: CPUOffloadPolicy is "
+                f"torch-only for now (the unit would need host/device copies around its "
+                f"all-gather and reduction); keep offload_policy=None"
             )
         ignored = set(map(id, ignored_params or ()))
         fw.shard_unit(module, info, _managed_params(module, fw, ignored), mp_policy)
