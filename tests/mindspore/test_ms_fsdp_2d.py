@@ -169,3 +169,29 @@ def test_hsdp_and_fsdp_over_tp_cells_match_one_process(ms4):
         )
         assert pl["head.weight"][:2] == ("(Shard(dim=0),)",) * 2
         assert t["shown"] == "ParameterMindSporeDTensor"
+
+
+def llama_losses(rank: int, world: int, dp: int) -> list[float]:
+    """The MindSpore main job's ``train`` (examples/mindspore_llama_tp.py): FSDP (dp) over
+    the tensor-parallel plan (world // dp) when ``dp`` > 1, else one plain process; a tiny
+    config, a tied LM head (vocab-parallel embedding and head: one weight at two sites)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import mindspore_llama_tp as ex
+
+    flags = ["--hidden", "16", "--ffn", "32", "--seq", "8", "--batch", "4", "--heads", "2"]
+    flags += ["--kv-heads", "2", "--steps", "2", "--tie", "--no-plot", "--dp", str(dp)]
+    args = ex.parse_args(flags)
+    return ex.train(rank, world, args, ex.load_data(), dp > 1)["losses"]
+
+
+def test_llama_job_fsdp_over_tp_matches_one_process(ms1, ms4):
+    """``examples/mindspore_llama_tp.py --dp 2 --tp 2``: every rank reports the dp-mean
+    loss, equal to one process's on the whole batch."""
+    outs = ms4.run(llama_losses, 2, timeout=300)
+    (single,) = ms1.run(llama_losses, 1, timeout=300)
+    assert all(o == outs[0] for o in outs)
+    for a, b in zip(outs[0], single, strict=True):
+        assert abs(a - b) <= 1e-5 * abs(b), (outs[0], single)
