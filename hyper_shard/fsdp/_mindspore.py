@@ -93,7 +93,7 @@ class MindSporeFSDP(FSDPFramework):
         plat = info.mesh.platform
         sharded: list[MSParam] = []
         dtypes: dict[Any, str] = {}
-        for (fqn, p), sites in params:
+        for (fqn, p), _ in params:  # every check before anything changes
             if not _local_shape(p):
                 raise ValueError(
                     f"fully_shard: parameter {fqn!r} is 0-d; a scalar cannot be sharded along "
@@ -107,6 +107,7 @@ class MindSporeFSDP(FSDPFramework):
                     f"all-gather buffer has one dtype: cast the Cell first (e.g. "
                     f"cell.to_float) or fully_shard the submodules separately"
                 )
+        for (fqn, p), sites in params:
             local, spec, tp_dims = _shard(plat, info, p)
             sp = Parameter(plat.wrap(local, spec), name=p.name, requires_grad=bool(p.requires_grad))
             sp.__dict__[GRAD_SPEC] = spec.with_placements(grad_placements(spec, tp_dims))
