@@ -107,8 +107,8 @@ class MindSporeFSDP(FSDPFramework):
                     f"all-gather buffer has one dtype: cast the Cell first (e.g. "
                     f"cell.to_float) or fully_shard the submodules separately"
                 )
-        for (fqn, p), sites in params:
-            local, spec, tp_dims = _shard(plat, info, p)
+        shards = [_shard(plat, info, p) for (_, p), _ in params]  # may raise: nothing swapped
+        for ((fqn, p), sites), (local, spec, tp_dims) in zip(params, shards):
             sp = Parameter(plat.wrap(local, spec), name=p.name, requires_grad=bool(p.requires_grad))
             sp.__dict__[GRAD_SPEC] = spec.with_placements(grad_placements(spec, tp_dims))
             for m, name in sites:
