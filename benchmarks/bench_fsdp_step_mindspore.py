@@ -77,7 +77,7 @@ def _run(rank: int, world: int, argv: list[str], fsdp: bool, warmup: int) -> dic
         return ops.cross_entropy(net(x).reshape(-1, ex.VOCAB), y.reshape(-1))
 
     step_fn = (value_and_grad if fsdp else ms.value_and_grad)(loss_fn, None, opt.parameters)
-    times, losses, per_step = [], [], {}
+    times, losses, per_step, parts = [], [], {}, []
     for i, (x, y) in enumerate(ex.batches(data, args.steps, args.batch, args.seq, args.seed + 1)):
         if fsdp:
             import mindspore.mint.distributed as dist
@@ -88,18 +88,22 @@ def _run(rank: int, world: int, argv: list[str], fsdp: bool, warmup: int) -> dic
         before = dict(counts)
         t0 = time.perf_counter()
         loss, grads = step_fn(Tensor(x), Tensor(y))
+        t1 = time.perf_counter()
         opt(optimizer_grads(grads, opt.parameters) if fsdp else grads)
+        t2 = time.perf_counter()
         if fsdp:
             loss = plat.all_reduce(loss, "avg", group)
         value = float(loss.asnumpy())
         dt = time.perf_counter() - t0
         if i >= warmup:
             times.append(dt)
+            parts.append((t1 - t0, t2 - t1))
         losses.append(value)
         per_step = {k: counts.get(k, 0) - before.get(k, 0) for k in counts}
     state = list(net.trainable_params()) + list(opt.moments1) + list(opt.moments2)
     return {
         "times": times,
+        "parts": parts,
         "losses": losses,
         "collectives": per_step,
         "held": sum(int(_local(t).nbytes) for t in state),
@@ -135,6 +139,10 @@ def main() -> None:
     print(f"{'':28s} {'FSDP x2 ms':>10s} {'single ms':>10s} {'ratio':>6s}")
     print(f"{'step (fwd+bwd+opt+loss)':28s} {fs_step * 1e3:10.1f} {one_step * 1e3:10.1f} "
           f"{fs_step / one_step:6.2f}x")  # fmt: skip
+    for j, label in enumerate(("  forward + backward", "  optimizer (+ grads)")):
+        a = statistics.median(max(p[j], q[j]) for p, q in zip(fs[0]["parts"], fs[1]["parts"]))
+        b = statistics.median(p[j] for p in single["parts"])
+        print(f"{label:28s} {a * 1e3:10.1f} {b * 1e3:10.1f} {a / b:6.2f}x")
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(coll.items()) if v) or "none"
     print(f"collectives per FSDP step on a rank: {sum(coll.values())} ({kinds})")
     ideal = single["held"] / 2
