@@ -22,12 +22,14 @@ relative.
 (``hyper_shard.fsdp.fully_shard``, the PyTorch FSDP2 API, on MindSpore Cells): each decoder
 layer and then the root is one FSDP unit on a 1-D ``("dp",)`` mesh, every rank trains on
 its slice of the batch, the parameters between steps are ``Shard(0)`` DTensors and the
-loss shown is the mean over the dp ranks (the batch mean). FSDP x TP (``--dp`` and ``--tp``
-both > 1) is torch-only for now.
+loss shown is the mean over the dp ranks (the batch mean). ``--dp N --tp M`` is FSDP over
+tensor parallelism on a ``("dp", "tp")`` mesh of ``N * M`` ranks: the tensor-parallel plan
+on ``mesh["tp"]``, then the FSDP units on ``mesh["dp"]`` (as the torch job).
 
     python examples/mindspore_llama_tp.py --check              # TP on 2 CPU ranks
     python examples/mindspore_llama_tp.py --sp --steps 50      # sequence parallel too
     python examples/mindspore_llama_tp.py --dp 2 --check       # FSDP on 2 CPU ranks
+    python examples/mindspore_llama_tp.py --dp 2 --tp 2 --check  # FSDP x TP on 4 CPU ranks
 
 On a cluster launch ``train`` on every rank with ``msrun`` (docs/mindspore.md).
 """
@@ -46,7 +48,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama_common import (  # noqa: E402  (the examples directory first on the path)
     add_common_args,
     corpus_bytes,
-    layout_text,
     llama_config_kwargs,
     llama_tp_plan,
     report,
@@ -152,37 +153,54 @@ def train(rank: int, world: int, args: argparse.Namespace, data: np.ndarray, tp:
 def _train_fsdp(
     rank: int, world: int, args: argparse.Namespace, data: np.ndarray, net: Any
 ) -> dict:
-    """FSDP over ``world`` ranks (``--dp``): each decoder layer, then the root, one unit."""
+    """FSDP over ``--dp`` ranks (each decoder layer, then the root, one unit), over the
+    tensor-parallel plan on ``--tp`` ranks when ``--tp`` > 1 (a ``("dp", "tp")`` mesh)."""
     from mindspore import Tensor, nn, ops
     from tqdm import tqdm
 
-    from hyper_shard import init_device_mesh
+    from hyper_shard import DTensor, Replicate, Shard, init_device_mesh
+    from hyper_shard import parallel as hp
     from hyper_shard.fsdp import fully_shard
     from hyper_shard.platform.mindspore.autograd import optimizer_grads, value_and_grad
 
-    mesh = init_device_mesh("CPU", (world,), mesh_dim_names=("dp",))
+    dp = args.dp
+    tp = world // dp
+    if tp > 1:
+        mesh = init_device_mesh("CPU", (dp, tp), mesh_dim_names=("dp", "tp"))
+        dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
+        hp.parallelize_module(net, tp_mesh, llama_tp_plan(args.sp, hp, Replicate, Shard))
+    else:
+        dp_mesh = init_device_mesh("CPU", (world,), mesh_dim_names=("dp",))
     for layer in net.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(net, mesh=mesh)
+        fully_shard(layer, mesh=dp_mesh)
+    fully_shard(net, mesh=dp_mesh)
     opt = nn.AdamWeightDecay(
         net.trainable_params(), learning_rate=args.lr, weight_decay=args.weight_decay
     )
 
-    def loss_fn(x: Any, y: Any) -> Any:  # this rank's slice: plain tensors throughout
-        return ops.cross_entropy(net(x).reshape(-1, VOCAB), y.reshape(-1))
+    def loss_fn(x: Any, y: Any) -> Any:  # this dp rank's slice of the batch
+        if tp == 1:  # plain tensors throughout
+            return ops.cross_entropy(net(x).reshape(-1, VOCAB), y.reshape(-1))
+        logits = net(x)  # DTensor [b, s, V] on the tp mesh, Shard(-1)
+        target = DTensor.from_local(y.reshape(-1), tp_mesh, [Replicate()])
+        with hp.loss_parallel():
+            return ops.cross_entropy(logits.reshape(-1, VOCAB), target)
 
     grad_fn = value_and_grad(loss_fn, None, opt.parameters)
-    group, plat = mesh._group(0), mesh.platform
-    b = args.batch // world
+    group, plat = dp_mesh._group(0), dp_mesh.platform
+    coord = dp_mesh.get_coordinate()[0]
+    b = args.batch // dp
     losses, times = [], []
-    bar = tqdm(total=args.steps, desc=f"FSDP x{world}", unit="step", disable=rank != 0)
+    desc = f"FSDP x{dp}" + (f" TP x{tp}" if tp > 1 else "")
+    bar = tqdm(total=args.steps, desc=desc, unit="step", disable=rank != 0)
     for x, y in batches(data, args.steps, args.batch, args.seq, args.seed + 1):
         t0 = time.perf_counter()
-        sl = slice(rank * b, (rank + 1) * b)
+        sl = slice(coord * b, (coord + 1) * b)
         loss, grads = grad_fn(Tensor(x[sl]), Tensor(y[sl]))
         opt(optimizer_grads(grads, opt.parameters))
+        local = loss.to_local() if isinstance(loss, DTensor) else loss
         # the mean over the dp ranks (equal slices: the batch mean)
-        value = float(plat.all_reduce(loss, "avg", group).asnumpy())
+        value = float(plat.all_reduce(local, "avg", group).asnumpy())
         times.append(time.perf_counter() - t0)
         losses.append(value)
         bar.set_postfix(loss=f"{value:.4f}")
@@ -211,11 +229,6 @@ def main(argv: list[str] | None = None) -> int:
     elif args.dp is not None:
         args.nproc = args.dp
     validate(args, args.nproc)
-    if args.dp > 1 and args.tp > 1:
-        raise SystemExit(
-            f"{layout_text(args)}: FSDP over tensor parallelism is torch-only for now "
-            f"(examples/train_llama_tp.py); on MindSpore pass --dp alone (FSDP) or --tp alone"
-        )
     from hyper_shard.platform.mindspore.launch import spawn
 
     data = load_data()  # read once here, shared with the ranks

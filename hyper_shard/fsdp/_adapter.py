@@ -25,9 +25,10 @@ class FSDPFramework:
     #: core's FSDPParamGroup/FSDPState run it through the hooks below (torch)
     own_units: bool = False
 
-    def shard_unit(self, module: Any, info: Any, params: list) -> Any:
+    def shard_unit(self, module: Any, info: Any, params: list, mp: Any = None) -> Any:
         """Shard ``params`` (``((fqn, parameter), sites)``, chosen by the core) of ``module``
-        and hook its forward (only when :attr:`own_units`)."""
+        and hook its forward, with the mixed-precision policy ``mp`` (only when
+        :attr:`own_units`)."""
         raise NotImplementedError
 
     def owns(self, module: Any) -> bool:

@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..mesh import DeviceMesh
-from ..placement import Placement, Replicate, Shard
+from ..placement import Placement, Replicate, Shard, grad_placement
+from ..spec import DTensorSpec, TensorMeta
 
-__all__ = ["MeshInfo", "compose_mesh"]
+__all__ = ["MeshInfo", "compose_mesh", "sharded_spec", "grad_placements"]
 
 
 class MeshInfo:
@@ -129,3 +130,51 @@ def compose_mesh(
         tuple(dims.index(d) for d in dims_a),
         tuple(dims.index(d) for d in dims_b),
     )
+
+
+def sharded_spec(
+    info: MeshInfo, ospec: DTensorSpec | None, meta: TensorMeta
+) -> tuple[DTensorSpec, tuple[int, ...], tuple[int, ...]]:
+    """The layout of a sharded parameter and the positions of its data-parallel and
+    tensor-parallel mesh dims (framework-neutral: both FSDP adapters use it).
+
+    Args:
+        info: the unit's data-parallel mesh.
+        ospec: the original parameter's spec (a DTensor on a tensor-parallel sub-mesh), or
+            None for a plain parameter.
+        meta: the original's local metadata (a plain parameter's: its global metadata).
+
+    Returns:
+        ``(spec, dp_dims, tp_dims)``. A plain parameter: ``info.placements`` on the
+        data-parallel mesh. A tensor-parallel one: the mesh spanning both, FSDP's dim-0
+        split of the tensor-parallel local data made *after* every split the original
+        layout made (the shard order ``0: [tp..., dp]``), the other dims keeping the
+        original's order.
+
+    Raises:
+        ValueError: the meshes do not compose (:func:`compose_mesh`).
+    """
+    dp = info.placements
+    if ospec is None:
+        return DTensorSpec(info.mesh, dp, meta), tuple(range(info.mesh.ndim)), ()
+    mesh, placements, dp_dims, tp_dims = compose_mesh(info.mesh, dp, ospec.mesh, ospec.placements)
+    gmeta = TensorMeta(ospec.shape, ospec.stride, meta.dtype, meta.itemsize)
+    order = [
+        (d, tuple(tp_dims[m] for m in ospec.split_order(d)))
+        for d in range(1, ospec.ndim)
+        if ospec.split_order(d)
+    ]
+    shard_dp = dp_dims[info.shard_dim]
+    order.append((0, tuple(tp_dims[m] for m in ospec.split_order(0)) + (shard_dp,)))
+    return DTensorSpec(mesh, placements, gmeta, order), dp_dims, tp_dims
+
+
+def grad_placements(spec: DTensorSpec, tp_dims: Sequence[int]) -> tuple[Placement, ...]:
+    """FSDP's gradient placements: the parameter's on the data-parallel dims (reduce-
+    scattered to ``Shard``, all-reduced to ``Replicate``) and the local-derivative form of
+    the tensor-parallel placements on the others (a ``Replicate`` tensor-parallel
+    parameter's gradient is ``Partial(sum)`` there)."""
+    pl = list(spec.placements)
+    for m in tp_dims:
+        pl[m] = grad_placement(pl[m])
+    return tuple(pl)

@@ -4,28 +4,20 @@ MindSpore's autograd is functional (``ms.value_and_grad`` / ``ms.grad`` trace on
 differentiate it with respect to ``weights=``): there are no gradient hooks on tensors, no
 end-of-backward callback and no ``.grad`` fields, so the torch core's hook-driven state
 machine (:mod:`._group`, :mod:`._state`) does not fit. A unit here is instead one
-differentiable collective pair:
-
-* **between steps** every managed parameter is a ``mindspore.Parameter(DTensor)`` holding
-  this rank's dim-0 chunk (``(Shard(0),)``, ``torch.chunk`` sizes, an owned buffer): what
-  ``trainable_params()`` returns and the optimizer steps;
-* **before forward** (a forward pre-hook) the unit's shards are packed into one flat
-  chunk (the neutral :class:`~._layout.FlatLayout`: each slot padded to the largest
-  shard) and all-gathered in one collective by a custom-backward node; each unsharded
-  parameter is cut out of the gathered buffer (differentiable views) and set as the
-  Cell's attribute, so ``construct`` computes with plain unsharded tensors;
-* **backward** of that node is the reduce-scatter of the flat gradient (the mean over
-  the data-parallel ranks; on CPU, where mccl has no reduce-scatter, an all-reduce and
-  this rank's slice), so the gradient MindSpore returns for a sharded parameter is this
-  rank's shard of the mean gradient: ``hyper_shard.platform.mindspore.autograd``'s
-  ``value_and_grad`` wraps it as a ``Shard(0)`` DTensor whose ``full_tensor()`` is the
-  single-device gradient of the mean loss;
-* **after forward** (a forward hook) the attributes are dropped again (the Cell shows
-  its sharded parameters). The gathered values stay alive until MindSpore's backward has
-  used them (the autograd tape holds them): there is no re-gather in backward.
+differentiable collective pair (:class:`~._ms_unit.MSUnit`): between steps every managed
+parameter is a ``mindspore.Parameter(DTensor)`` holding this rank's dim-0 chunk (what
+``trainable_params()`` returns and the optimizer steps); before forward one all-gather
+node rebuilds the unsharded parameters, and its backward is the gradient reduction, so
+the gradient MindSpore returns for a sharded parameter is this rank's shard of the mean
+gradient. ``hyper_shard.platform.mindspore.autograd.value_and_grad`` wraps it as a DTensor
+with the FSDP gradient layout (``Shard(0)`` on the shard dim, ``Replicate()`` on the HSDP
+replicate dim, the local-derivative form of tensor-parallel placements), read from the
+parameter's ``_hs_grad_spec``.
 
 The parameter bookkeeping (which parameters a call manages, bottom-up checks) is the
-neutral core's (:mod:`.api`); everything numeric goes through the mesh's Platform.
+neutral core's (:mod:`.api`), the sharded layout too (:func:`~._mesh.sharded_spec`, shared
+with torch: FSDP over tensor parallelism uses the same shard order); everything numeric
+goes through the mesh's Platform.
 """
 
 from __future__ import annotations
@@ -37,128 +29,20 @@ from mindspore import Parameter, Tensor, mint, nn, ops
 from mindspore._c_expression import NoFallbackGuard
 
 from ..dtensor import DTensor
-from ..spec import DTensorSpec
+from ..spec import chunk_sizes
 from ._adapter import FSDPFramework
-from ._layout import FlatLayout
-from ._mesh import MeshInfo
+from ._mesh import MeshInfo, grad_placements, sharded_spec
 from ._module import FSDPModule
+from ._ms_unit import MSParam, MSUnit
 
 __all__ = ["MindSporeFSDP", "MSUnit"]
 
+#: the attribute of a sharded Parameter holding its gradient's spec (read by
+#: hyper_shard.platform.mindspore.autograd.grad_dtensor)
+GRAD_SPEC = "_hs_grad_spec"
+
 _local_shape = Tensor.shape.fget
 _CLASSES: dict[type, type] = {}
-
-
-class MSUnit:
-    """One ``fully_shard`` call on a Cell: its sharded parameters and their flat layout.
-
-    Attributes:
-        params: ``(sharded Parameter, [(cell, attribute name), ...])`` per managed
-            parameter (a tied weight within the unit has several sites).
-        layout: the unit's :class:`FlatLayout` over the shard ranks.
-        gathers: all-gathers run so far (one per forward; tests count them).
-    """
-
-    def __init__(self, module: Any, info: MeshInfo, params: list[tuple[Any, list]]) -> None:
-        self.module = module
-        self.info = info
-        self.plat = info.mesh.platform
-        self.params = params
-        self.layout = FlatLayout([tuple(p.shape) for p, _ in params], info.shard_size)
-        self.gathers = 0
-        self._set: list[tuple[Any, str]] = []
-
-    # ------------------------------------------------------------------ collectives
-    def _flat_shard(self) -> Tensor:
-        """This rank's chunk of the flat buffer, built differentiably from the sharded
-        Parameters (MindSpore's ``weights=`` gradient flows through ops on the Parameter
-        itself, not through an alias of it)."""
-        c = self.info.shard_coord
-        pieces = []
-        with NoFallbackGuard():
-            for (p, _), slot in zip(self.params, self.layout.slots):
-                flat = mint.reshape(p, (-1,))
-                pad = slot.slot_numel - slot.shard_numel(c)
-                if pad:
-                    flat = mint.cat([flat, mint.zeros((pad,), dtype=flat.dtype)], 0)
-                pieces.append(flat)
-            return pieces[0] if len(pieces) == 1 else mint.cat(pieces, 0)
-
-    def _gather(self, flat: Tensor) -> Tensor:
-        plat, info = self.plat, self.info
-        parts = plat.all_gather(flat, info.shard_group(), info.shard_size)
-        with NoFallbackGuard():
-            return mint.cat(parts, 0)
-
-    def _reduce_scatter(self, g: Tensor) -> Tensor:
-        """The mean over the shard ranks of the gathered buffer's gradient, this rank's
-        chunk (native reduce-scatter where the device has one)."""
-        plat, info = self.plat, self.info
-        n, S, c = info.shard_size, self.layout.chunk_numel, info.shard_coord
-        group = info.shard_group()
-        with NoFallbackGuard():
-            g = Tensor._make_subclass(Tensor, g).contiguous()
-            if "reduce_scatter" in plat.native_collectives:
-                pieces = [mint.narrow(g, 0, k * S, S) for k in range(n)]
-                return plat.reduce_scatter(pieces, "avg", group)
-            full = plat.all_reduce(g, "avg", group)
-            return ops.deepcopy(mint.narrow(full, 0, c * S, S))
-
-    def unshard(self) -> list[Tensor]:
-        """Every managed parameter's unsharded value (plain tensors, differentiable with
-        respect to the sharded Parameters): one all-gather."""
-        layout, n, S = self.layout, self.layout.n, self.layout.chunk_numel
-        flat = self._flat_shard()
-        if n > 1:
-            flat = self.plat.custom_autograd(self._gather, self._reduce_scatter, flat)
-        self.gathers += 1
-        out = []
-        with NoFallbackGuard():
-            for slot in layout.slots:
-                rows = [
-                    mint.narrow(flat, 0, k * S + slot.offset, slot.shard_numel(k))
-                    for k in range(n)
-                    if slot.rows[k]
-                ]
-                full = rows[0] if len(rows) == 1 else mint.cat(rows, 0)
-                out.append(mint.reshape(full, slot.shape))
-        return out
-
-    # ------------------------------------------------------------------ hooks
-    def pre_forward(self, _cell: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        self.show_unsharded()
-        return args, kwargs
-
-    def show_unsharded(self) -> None:
-        """Gather (one all-gather) and set every unsharded value as its Cell's attribute.
-
-        Raises:
-            RuntimeError: a managed parameter was replaced by something other than the
-                sharded DTensor parameter (update parameters in place instead).
-        """
-        for p, _ in self.params:
-            if not isinstance(p, DTensor):
-                raise RuntimeError(
-                    f"fully_shard: {p.name!r} is no longer the sharded DTensor parameter "
-                    f"fully_shard made; update parameters in place (optimizer, "
-                    f"assign_value) instead of replacing them"
-                )
-        self.reshard()
-        values = self.unshard()
-        for (_, sites), v in zip(self.params, values):
-            for m, name in sites:
-                object.__setattr__(m, name, v)  # found before Cell.__getattr__'s _params
-                self._set.append((m, name))
-
-    def post_forward(self, _cell: Any, args: Any, output: Any) -> Any:
-        self.reshard()
-        return output
-
-    def reshard(self) -> None:
-        """Drop the unsharded attributes: the Cell shows its sharded parameters again."""
-        for m, name in self._set:
-            m.__dict__.pop(name, None)
-        self._set.clear()
 
 
 class MindSporeFSDP(FSDPFramework):
@@ -194,44 +78,99 @@ class MindSporeFSDP(FSDPFramework):
 
         return MindSporePlatform().no_grad()  # type: ignore[no-any-return]
 
-    def shard_unit(self, module: Any, info: MeshInfo, params: list) -> MSUnit:
+    def shard_unit(self, module: Any, info: MeshInfo, params: list, mp: Any = None) -> MSUnit:
         """Shard ``params`` (``((fqn, Parameter), sites)`` from the core) of ``module`` and
         hook its forward.
 
         Raises:
-            NotImplementedError: a 2-D (HSDP) mesh, or a parameter that already is a
-                DTensor (FSDP over tensor parallelism) — not built on MindSpore yet.
+            ValueError: a 0-d parameter; parameters of several dtypes in one unit (one flat
+                buffer has one dtype); a DTensor parameter whose mesh does not compose with
+                the data-parallel mesh.
         """
-        if info.mesh.ndim != 1:
-            raise NotImplementedError(
-                "fully_shard on a MindSpore Cell: only a 1-D mesh (FSDP) is supported; HSDP "
-                "('replicate', 'shard') meshes are torch-only for now"
-            )
+        from ._policy import MixedPrecisionPolicy
+
+        mp = mp if mp is not None else MixedPrecisionPolicy()
         plat = info.mesh.platform
-        sharded = []
-        for (fqn, p), sites in params:
-            if isinstance(p, DTensor):
-                raise NotImplementedError(
-                    f"fully_shard on a MindSpore Cell: parameter {fqn!r} is already a DTensor "
-                    f"(tensor parallel); FSDP over TP is torch-only for now"
-                )
+        sharded: list[MSParam] = []
+        dtypes: dict[Any, str] = {}
+        for (fqn, p), _ in params:  # every check before anything changes
             if not _local_shape(p):
                 raise ValueError(
                     f"fully_shard: parameter {fqn!r} is 0-d; a scalar cannot be sharded along "
                     f"dim 0 (pass it in ignored_params)"
                 )
-            sp = Parameter(_shard(plat, info, p), name=p.name, requires_grad=bool(p.requires_grad))
+            dtypes.setdefault(p.dtype, fqn)
+            if len(dtypes) > 1:
+                raise ValueError(
+                    f"fully_shard on a MindSpore Cell: parameters of several dtypes in one unit "
+                    f"({', '.join(f'{v!r}: {k}' for k, v in dtypes.items())}); one flat "
+                    f"all-gather buffer has one dtype: cast the Cell first (e.g. "
+                    f"cell.to_float) or fully_shard the submodules separately"
+                )
+        shards = [_shard(plat, info, p) for (_, p), _ in params]  # may raise: nothing swapped
+        for ((fqn, p), sites), (local, spec, tp_dims) in zip(params, shards):
+            sp = Parameter(plat.wrap(local, spec), name=p.name, requires_grad=bool(p.requires_grad))
+            sp.__dict__[GRAD_SPEC] = spec.with_placements(grad_placements(spec, tp_dims))
             for m, name in sites:
                 m._params[name] = sp
             sp.__dict__["_hs_fsdp_param"] = _Owner(module)
             p.__dict__["_hs_fsdp_claimed"] = f"{type(module).__name__}.{fqn}"
-            sharded.append((sp, sites))
-        unit = MSUnit(module, info, sharded)
-        if sharded:
+            ospec = p._spec if isinstance(p, DTensor) else None
+            lshape = tuple(_local_shape(p))
+            sharded.append(MSParam(sp, sites, lshape, ospec))
+        unit = MSUnit(module, info, sharded, mp)
+        _register_state_dict_hooks(sharded, unit)
+        if sharded or mp.param_dtype is not None or mp.output_dtype is not None:
             module.register_forward_pre_hook(unit.pre_forward, with_kwargs=True)
             module.register_forward_hook(unit.post_forward)
         module.__dict__["_hs_fsdp_unit"] = unit
         return unit
+
+
+def _register_state_dict_hooks(params: list[MSParam], unit: MSUnit) -> None:
+    """``Cell.state_dict()`` returns the sharded DTensor Parameters (the unit is resharded
+    first). ``Cell.load_state_dict`` takes sharded DTensors (another layout on the same
+    mesh is redistributed) or full plain tensors (every rank holds the whole value; each
+    keeps its box): a pre-hook copies each entry into this rank's shard itself (MindSpore's
+    own copy would ``asnumpy()`` a DTensor, i.e. assign the full tensor to the shard) and
+    takes it out of the dict; a post-hook drops those keys from ``missing_keys``."""
+    from .api import _to_sharded_value
+
+    by_cell: dict[int, tuple[Any, list[tuple[str, MSParam]]]] = {}
+    for p in params:
+        for m, name in p.sites:
+            by_cell.setdefault(id(m), (m, []))[1].append((name, p))
+    for cell, entries in by_cell.values():
+        loaded: list[str] = []
+
+        def pre_save(*_a: Any) -> None:
+            unit.reshard()
+
+        def pre_load(_cell: Any, sd: dict, prefix: str, *_a: Any, entries: list = entries,
+                     loaded: list = loaded) -> None:  # fmt: skip
+            unit.reshard()
+            for name, p in entries:
+                key = prefix + name
+                if key in sd:
+                    value = _to_sharded_value(p.param, sd.pop(key), key)
+                    if value._spec.shard_order != p.param._spec.shard_order:
+                        value = _to_sharded_value(p.param, value.full_tensor(), key)
+                    with NoFallbackGuard():
+                        local = Tensor._make_subclass(Tensor, value)
+                        if local.dtype != p.param.dtype:
+                            local = local.astype(p.param.dtype)
+                        Tensor.assign_value(p.param, ops.deepcopy(local))
+                    loaded.append(key)
+
+        def post_load(_cell: Any, incompatible: Any, loaded: list = loaded) -> None:
+            for key in loaded:
+                while key in incompatible.missing_keys:
+                    incompatible.missing_keys.remove(key)
+            loaded.clear()
+
+        cell.register_state_dict_pre_hook(pre_save)
+        cell.register_load_state_dict_pre_hook(pre_load)
+        cell.register_load_state_dict_post_hook(post_load)
 
 
 class _Owner:
@@ -243,23 +182,29 @@ class _Owner:
         self.unit_module = module
 
 
-def _shard(plat: Any, info: MeshInfo, p: Any) -> Any:
-    """This rank's dim-0 chunk of ``p`` (``torch.chunk`` sizes) as an owned DTensor."""
-    shape = tuple(_local_shape(p))
-    meta = plat.tensor_meta(p, shape)
-    spec = DTensorSpec(info.mesh, info.placements, meta)
-    lshape, offset = spec.local_shape_and_offset()
+def _shard(plat: Any, info: MeshInfo, p: Any) -> tuple[Tensor, Any, tuple[int, ...]]:
+    """This rank's dim-0 chunk (``torch.chunk`` sizes over the shard mesh dim) of ``p``'s
+    local data as an owned tensor, the sharded spec and its tensor-parallel mesh dims."""
+    ospec = p._spec if isinstance(p, DTensor) else None
     with NoFallbackGuard():
         local = Tensor._make_subclass(Tensor, p)
-        local = mint.narrow(local, 0, offset[0], lshape[0]).contiguous()
-        local = ops.deepcopy(local)
-    return plat.wrap(local, DTensorSpec(info.mesh, info.placements, plat.tensor_meta(local, shape)))
+        shape = tuple(_local_shape(local))
+        rows = chunk_sizes(shape[0], info.shard_size)
+        c = info.shard_coord
+        chunk = mint.narrow(local, 0, sum(rows[:c]), rows[c]).contiguous()
+        chunk = ops.deepcopy(chunk)
+    meta = plat.tensor_meta(local, shape if ospec is None else ospec.shape)
+    spec, _, tp_dims = sharded_spec(info, ospec, meta)
+    assert spec.local_shape_and_offset()[0] == tuple(_local_shape(chunk)), (spec, rows)
+    return chunk, spec, tp_dims
 
 
 class MSFSDPCell(FSDPModule):
     """The MindSpore ``FSDP<Cell>`` base: ``unshard()`` (the Cells show their unsharded
-    parameters, plain tensors, until ``reshard()``) and ``reshard()``. The gradient-sync,
-    resharding and prefetch setters of :class:`FSDPModule` are torch-only (they raise)."""
+    parameters until ``reshard()``), ``reshard()``, ``set_requires_gradient_sync`` and
+    ``set_requires_all_reduce``. The resharding, last-backward and prefetch setters of
+    :class:`FSDPModule` raise ``NotImplementedError`` (each says why: they choose between
+    behaviours the functional design does not have)."""
 
     def reshard(self) -> None:
         _unit(self).reshard()
@@ -269,32 +214,66 @@ class MSFSDPCell(FSDPModule):
         FSDP2 compatibility); the Cells compute with them until :meth:`reshard`."""
         _unit(self).show_unsharded()
 
-    def _torch_only(self, name: str) -> None:
+    def set_requires_gradient_sync(
+        self, requires_gradient_sync: bool, *, recurse: bool = True
+    ) -> None:
+        """As FSDP2's: ``False`` makes the following backwards accumulate the unit's
+        unsharded gradient locally (no communication; the gradients returned for its
+        parameters are zeros) until a backward with sync on, which reduces the sum of
+        everything accumulated and its own gradient at once. Summing the gradients
+        ``value_and_grad`` returns over the micro-batches, or taking the last one's, gives
+        the reduced sum of all micro-batches' gradients either way. ``recurse``: every
+        FSDP unit inside this Cell too."""
+        for _, cell in self.cells_and_names() if recurse else [("", self)]:  # type: ignore[attr-defined]
+            unit = cell.__dict__.get("_hs_fsdp_unit")
+            if unit is not None:
+                unit.requires_gradient_sync = bool(requires_gradient_sync)
+
+    def _unsupported(self, name: str, why: str) -> None:
         raise NotImplementedError(
-            f"{type(self).__name__}.{name}: not supported on MindSpore Cells (functional "
-            f"autograd: every backward reduce-scatters, nothing is prefetched)"
+            f"{type(self).__name__}.{name}: not supported on MindSpore Cells; {why}"
         )
 
-    def set_requires_gradient_sync(self, *a: Any, **k: Any) -> None:
-        self._torch_only("set_requires_gradient_sync")
-
-    def set_requires_all_reduce(self, *a: Any, **k: Any) -> None:
-        self._torch_only("set_requires_all_reduce")
+    def set_requires_all_reduce(self, requires_all_reduce: bool, *, recurse: bool = True) -> None:
+        """As FSDP2's (HSDP): ``False`` makes the following backwards reduce over the shard
+        dim only and keep the reduced shard (the gradients returned are zeros); the next
+        backward with it on adds them and all-reduces once over the replicate dim. No
+        effect on a 1-D mesh. ``recurse``: every FSDP unit inside this Cell too."""
+        for _, cell in self.cells_and_names() if recurse else [("", self)]:  # type: ignore[attr-defined]
+            unit = cell.__dict__.get("_hs_fsdp_unit")
+            if unit is not None:
+                unit.requires_all_reduce = bool(requires_all_reduce)
 
     def set_reshard_after_forward(self, *a: Any, **k: Any) -> None:
-        self._torch_only("set_reshard_after_forward")
+        self._unsupported(
+            "set_reshard_after_forward",
+            "the gathered parameters are held by MindSpore's autograd tape until backward "
+            "(as reshard_after_forward=False); there is no re-gather in backward to choose",
+        )
 
     def set_reshard_after_backward(self, *a: Any, **k: Any) -> None:
-        self._torch_only("set_reshard_after_backward")
+        self._unsupported(
+            "set_reshard_after_backward",
+            "every forward gathers the current shards (nothing is kept between steps)",
+        )
 
     def set_is_last_backward(self, *a: Any, **k: Any) -> None:
-        self._torch_only("set_is_last_backward")
+        self._unsupported(
+            "set_is_last_backward",
+            "functional autograd has no end-of-backward callback; use set_requires_gradient_sync",
+        )
 
     def set_modules_to_forward_prefetch(self, *a: Any, **k: Any) -> None:
-        self._torch_only("set_modules_to_forward_prefetch")
+        self._unsupported(
+            "set_modules_to_forward_prefetch",
+            "nothing is prefetched (each unit gathers in its own forward pre-hook)",
+        )
 
     def set_modules_to_backward_prefetch(self, *a: Any, **k: Any) -> None:
-        self._torch_only("set_modules_to_backward_prefetch")
+        self._unsupported(
+            "set_modules_to_backward_prefetch",
+            "nothing is prefetched (there is no all-gather in backward)",
+        )
 
 
 def _unit(cell: Any) -> MSUnit:

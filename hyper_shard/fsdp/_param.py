@@ -20,9 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..dtensor import DTensor
-from ..placement import Placement, grad_placement
+from ..placement import Placement
 from ..spec import DTensorSpec, TensorMeta, chunk_sizes
-from ._mesh import MeshInfo, compose_mesh
+from ._mesh import MeshInfo, grad_placements, sharded_spec
 
 __all__ = ["FSDPParam"]
 
@@ -100,38 +100,11 @@ class FSDPParam:
 
     # ------------------------------------------------------------------ layout
     def _sharded_spec(self, ospec: DTensorSpec | None, meta: TensorMeta) -> DTensorSpec:
-        dp = self.info.placements
-        if ospec is None:
-            self.dp_dims: tuple[int, ...] = tuple(range(self.info.mesh.ndim))
-            self.tp_dims: tuple[int, ...] = ()
-            return DTensorSpec(self.info.mesh, dp, meta)
-        mesh, placements, dp_dims, tp_dims = compose_mesh(
-            self.info.mesh, dp, ospec.mesh, ospec.placements
-        )
-        self.dp_dims, self.tp_dims = dp_dims, tp_dims
-        gmeta = TensorMeta(ospec.shape, ospec.stride, meta.dtype, meta.itemsize)
-        # FSDP chunks the tensor-parallel local data along dim 0: its split comes after
-        # every split the original layout made (dim 0 of a Shard(0) tensor-parallel weight
-        # is split by tp first, then by dp), the other dims keep the original's order
-        order = [
-            (d, tuple(tp_dims[m] for m in ospec.split_order(d)))
-            for d in range(ospec.ndim)
-            if ospec.split_order(d)
-        ]
-        shard_dp = dp_dims[self.info.shard_dim]
-        order = [e for e in order if e[0] != 0]
-        order.append((0, tuple(tp_dims[m] for m in ospec.split_order(0)) + (shard_dp,)))
-        return DTensorSpec(mesh, placements, gmeta, order)
+        spec, self.dp_dims, self.tp_dims = sharded_spec(self.info, ospec, meta)
+        return spec
 
     def _grad_placements(self) -> tuple[Placement, ...]:
-        """FSDP's gradient keeps the parameter's placements on the data-parallel dims
-        (reduce-scattered to ``Shard``, all-reduced to ``Replicate``) and the local-
-        derivative form of the tensor-parallel placements on the others (a ``Replicate``
-        tensor-parallel parameter's gradient is ``Partial(sum)`` there)."""
-        pl = list(self.spec.placements)
-        for m in self.tp_dims:
-            pl[m] = grad_placement(pl[m])
-        return tuple(pl)
+        return grad_placements(self.spec, self.tp_dims)
 
     # ------------------------------------------------------------------ states
     def shard_local(self) -> Any:

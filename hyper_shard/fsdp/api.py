@@ -122,12 +122,16 @@ def fully_shard(
         mesh = _default_mesh(module, fw)
     info = MeshInfo(mesh)
     if fw.own_units:  # MindSpore: functional autograd, a unit is a differentiable gather
-        if mp_policy != _NO_MIXED_PRECISION or isinstance(offload_policy, CPUOffloadPolicy):
+        device = getattr(mesh.platform, "device", "CPU")
+        if isinstance(offload_policy, CPUOffloadPolicy) and device != "CPU":
+            # on CPU every shard, gradient and optimizer state already is in host memory
             raise NotImplementedError(
-                f"fully_shard on a {fw.name} module: mp_policy and CPUOffloadPolicy are "
-                f"torch-only for now; leave them at their defaults"
+                f"fully_shard on a {fw.name} module on {device}: CPUOffloadPolicy is "
+                f"torch-only for now (the unit would need host/device copies around its "
+                f"all-gather and reduction); keep offload_policy=None"
             )
-        fw.shard_unit(module, info, _managed_params(module, fw, set(map(id, ignored_params or ()))))
+        ignored = set(map(id, ignored_params or ()))
+        fw.shard_unit(module, info, _managed_params(module, fw, ignored), mp_policy)
         module.__class__ = fw.fsdp_class(type(module))
         return module
     plat = mesh.platform
@@ -244,13 +248,15 @@ def _register_state_dict_hooks(fw: Any, group: FSDPParamGroup) -> None:
         fw.register_state_dict_hooks(m, pre_save, pre_load)
 
 
-def _to_sharded_value(fp: FSDPParam, value: Any, key: str) -> Any:
-    """A state-dict value as a DTensor with ``fp``'s sharded layout.
+def _to_sharded_value(fp: Any, value: Any, key: str) -> Any:
+    """A state-dict value as a DTensor with ``fp``'s sharded layout (``fp``: an
+    :class:`FSDPParam` or a sharded DTensor parameter, anything with a ``spec`` or a
+    ``_spec``).
 
     Raises:
         ValueError: a plain tensor or DTensor whose global shape is not the parameter's.
     """
-    spec = fp.spec
+    spec = fp.spec if isinstance(fp, FSDPParam) else fp._spec
     plat = spec.mesh.platform
     if isinstance(value, DTensor):
         vs = value._spec

@@ -138,11 +138,21 @@ def test_fully_shard_cell_matches_one_process(ms2, opt_name):
     assert outs[1]["shown"] == (outs[1]["params"]["b2.lin.weight"][0], (3, 12))
 
 
+def _mixed_dtypes():
+    import mindspore as ms
+    from mindspore import Parameter, Tensor, nn
+
+    cell = nn.Cell()
+    cell.a = Parameter(Tensor(np.ones((4, 2), np.float32)), name="a")
+    cell.b = Parameter(Tensor(np.ones((4,), np.float16)).astype(ms.float16), name="b")
+    return cell
+
+
 def check_fsdp_errors(rank: int, world: int) -> dict:
     from mindspore import nn
 
     import hyper_shard as hs
-    from hyper_shard.fsdp import MixedPrecisionPolicy, fully_shard
+    from hyper_shard.fsdp import CPUOffloadPolicy, fully_shard
 
     mesh = hs.init_device_mesh("CPU", (world,))
     out = {}
@@ -150,13 +160,7 @@ def check_fsdp_errors(rank: int, world: int) -> dict:
     fully_shard(net.b1, mesh=mesh)
     for key, fn in {
         "twice": lambda: fully_shard(net.b1, mesh=mesh),
-        "mp": lambda: fully_shard(
-            net.b2, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype="bf16")
-        ),
-        "hsdp": lambda: fully_shard(
-            net.b2,
-            mesh=hs.init_device_mesh("CPU", (1, world), mesh_dim_names=("replicate", "shard")),
-        ),
+        "dtypes": lambda: fully_shard(_mixed_dtypes(), mesh=mesh),
         "not_cell": lambda: fully_shard(object(), mesh=mesh),
     }.items():
         try:
@@ -164,6 +168,9 @@ def check_fsdp_errors(rank: int, world: int) -> dict:
             out[key] = "no error"
         except Exception as e:  # noqa: BLE001 - the type is asserted by the test
             out[key] = f"{type(e).__name__}: {e}"
+    # CPUOffloadPolicy on CPU: accepted (everything already lives in host memory)
+    fully_shard(net.b2, mesh=mesh, offload_policy=CPUOffloadPolicy())
+    out["offload"] = str(net.b2.lin.weight.placements), tuple(net.b2.lin.weight.to_local().shape)
     # unshard(): the Cell shows the full weight (a plain tensor) until reshard()
     net.b1.unshard()
     w = net.b1.lin.weight
@@ -172,10 +179,10 @@ def check_fsdp_errors(rank: int, world: int) -> dict:
     w = net.b1.lin.weight
     out["resharded"] = (isinstance(w, hs.DTensor), str(w.placements), tuple(w.to_local().shape))
     try:
-        net.b1.set_requires_gradient_sync(False)
-        out["sync"] = "no error"
+        net.b1.set_reshard_after_forward(True)
+        out["raf"] = "no error"
     except NotImplementedError as e:
-        out["sync"] = str(e)
+        out["raf"] = str(e)
     del nn
     return out
 
@@ -183,12 +190,12 @@ def check_fsdp_errors(rank: int, world: int) -> dict:
 def test_fully_shard_cell_errors(ms2):
     out = ms2.run(check_fsdp_errors)[0]
     assert out["twice"].startswith("ValueError") and "already applied" in out["twice"]
-    assert out["mp"].startswith("NotImplementedError") and "mp_policy" in out["mp"]
-    assert out["hsdp"].startswith("NotImplementedError") and "1-D mesh" in out["hsdp"]
+    assert out["offload"] in [("(Shard(dim=0),)", (4, 12)), ("(Shard(dim=0),)", (3, 12))]
+    assert out["dtypes"].startswith("ValueError") and "several dtypes" in out["dtypes"]
     assert out["not_cell"].startswith("TypeError") and "mindspore.nn.Cell" in out["not_cell"]
     assert out["unsharded"] == (False, (12, 8))
     assert out["resharded"] == (True, "(Shard(dim=0),)", (6, 8))
-    assert "set_requires_gradient_sync" in out["sync"] and "MindSpore" in out["sync"]
+    assert "set_reshard_after_forward" in out["raf"] and "MindSpore" in out["raf"]
 
 
 def llama_fsdp_losses(rank: int, world: int, dp: int) -> list[float]:

@@ -43,12 +43,16 @@ def _seed(out: Any) -> Any:
 
 def grad_dtensor(g: Tensor, like: Any) -> Any:
     """Wrap a local gradient MindSpore returned for ``like`` (a DTensor input/parameter)
-    as a DTensor with ``like``'s gradient placements; other gradients pass through."""
+    as a DTensor with ``like``'s gradient placements (a ``fully_shard`` parameter's own
+    ``_hs_grad_spec``: its gradient is already reduced over the data-parallel dims); other
+    gradients pass through."""
     if not isinstance(like, DTensor) or not isinstance(g, Tensor):
         return g
-    spec = like._spec
-    gspec = spec.with_placements([grad_placement(p) for p in spec.placements])
-    return spec.mesh.platform.wrap(g, gspec)
+    gspec = getattr(like, "__dict__", {}).get("_hs_grad_spec")
+    if gspec is None:  # fully_shard's parameters declare theirs (reduced on the dp dims)
+        spec = like._spec
+        gspec = spec.with_placements([grad_placement(p) for p in spec.placements])
+    return gspec.mesh.platform.wrap(g, gspec)
 
 
 def _positions(grad_position: Any, n: int) -> list[int]:
