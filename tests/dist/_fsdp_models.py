@@ -144,7 +144,11 @@ def assert_same_training(got: dict, ref: dict, rtol: float = 1e-5, atol: float =
                     assert g is None and r is None, f"step {s} {kind}[{i}]: {g} vs {r}"
                     continue
                 torch.testing.assert_close(
-                    g, r, rtol=rtol, atol=atol, msg=lambda m: f"step {s} {kind}[{i}]: {m}"
+                    g,
+                    r,
+                    rtol=rtol,
+                    atol=atol,
+                    msg=lambda m, s=s, kind=kind, i=i: f"step {s} {kind}[{i}]: {m}",
                 )
 
 

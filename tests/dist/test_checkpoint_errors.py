@@ -50,7 +50,7 @@ def _err(fn) -> str:
 
 def try_bad(rank: int, world: int, dirs: dict) -> dict:
     import hyper_shard.checkpoint as hc
-    from hyper_shard import Replicate, Shard, distribute_tensor, init_device_mesh
+    from hyper_shard import Shard, distribute_tensor, init_device_mesh
 
     mesh = init_device_mesh("cpu", (world,))
     zeros = torch.zeros(6, 5)

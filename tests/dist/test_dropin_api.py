@@ -186,7 +186,9 @@ def check_metadata(rank, world):
     )
     # another form on a sharded DTensor reads the gathered global tensor (PyTorch raises),
     # laid out as the global tensor is, a transposed one included
-    torch.testing.assert_close(s.as_strided((3, 3), (1, 6)).full_tensor(), glob.as_strided((3, 3), (1, 6)))
+    torch.testing.assert_close(
+        s.as_strided((3, 3), (1, 6)).full_tensor(), glob.as_strided((3, 3), (1, 6))
+    )
     tt = distribute_tensor(glob, mesh, [Shard(0)]).t()  # (6, 4), stride (1, 6)
     torch.testing.assert_close(
         tt.as_strided((2, 5), (6, 1), 1).full_tensor(), glob.t().as_strided((2, 5), (6, 1), 1)
@@ -354,14 +356,18 @@ def check_parallel_api(rank, world):
     msg = str(rec[0].message)
     assert "'nett2' could not be resolved" in msg and "closest module names: 'net2'" in msg
     assert isinstance(m.net1.weight, DTensor) and not isinstance(m.net2.weight, DTensor)
-    with pytest.raises(AssertionError, match="input_layouts and desired_input_layouts should have same"):
+    with pytest.raises(
+        AssertionError, match="input_layouts and desired_input_layouts should have same"
+    ):
         PrepareModuleInput(input_layouts=Shard(0), desired_input_layouts=(Replicate(), None))
     with pytest.raises(LayoutLengthError):  # a ValueError too
         PrepareModuleInput(input_layouts=(Shard(0), None), desired_input_layouts=Replicate())
     t = _TwoIn()
     ref = copy.deepcopy(t)
     parallelize_module(t.linear, mesh, ColwiseParallel())
-    parallelize_module(t, mesh, PrepareModuleInput(input_layouts=Shard(0), desired_input_layouts=Replicate()))
+    parallelize_module(
+        t, mesh, PrepareModuleInput(input_layouts=Shard(0), desired_input_layouts=Replicate())
+    )
     with pytest.raises(ValueError, match="module inputs and input_layouts should have same length"):
         t(torch.randn(2, 4), torch.ones(2 * world, 4 // world))
     t = copy.deepcopy(ref)
@@ -369,7 +375,9 @@ def check_parallel_api(rank, world):
     parallelize_module(
         t,
         mesh,
-        PrepareModuleInput(input_layouts=(Shard(0), None), desired_input_layouts=(Replicate(), None)),
+        PrepareModuleInput(
+            input_layouts=(Shard(0), None), desired_input_layouts=(Replicate(), None)
+        ),
     )
     x = torch.randn(2 * world, 4, generator=_g(3))
     y = torch.randn(2 * world, 4 // world, generator=_g(4))  # left alone: a plain local tensor
@@ -398,8 +406,8 @@ def check_save_load_and_vmap(rank, world, tmp):
     path = os.path.join(tmp, f"dt{rank}.pt")
     torch.save({"w": st}, path)
     code = (
-        "import torch, hyper_shard; sd = torch.load(r'%s', weights_only=True); w = sd['w']; "
-        "print(type(w).__name__, tuple(w.shape), w.placements, tuple(w.to_local().shape))" % path
+        f"import torch, hyper_shard; sd = torch.load(r'{path}', weights_only=True); w = sd['w']; "
+        "print(type(w).__name__, tuple(w.shape), w.placements, tuple(w.to_local().shape))"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)

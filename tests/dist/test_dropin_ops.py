@@ -53,7 +53,9 @@ def check_conv(rank, world):
         atol=1e-4,
     )  # fmt: skip
     x3, w3 = _r(2, 2, 3, 4, 4, seed=7), _r(4, 2, 2, 2, 2, seed=8)
-    n += check_op(lambda a, c: F.conv3d(a, c), [x3, w3], mesh, [([Shard(0)], [R]), ([R], [Shard(0)])])
+    n += check_op(
+        lambda a, c: F.conv3d(a, c), [x3, w3], mesh, [([Shard(0)], [R]), ([R], [Shard(0)])]
+    )
     # transposed: weight (C_in, C_out, k)
     xt, wt, bt = _r(2, 4, 5, 5, seed=9), _r(4, 6, 3, 3, seed=10), _r(6, seed=11)
     n += check_op(
@@ -83,7 +85,10 @@ def check_conv(rank, world):
     for name, pl in (("weight", Shard(0)), ("bias", Shard(0))):
         p = getattr(conv, name)
         conv.register_parameter(name, torch.nn.Parameter(distribute_tensor(p.detach(), mesh, [pl])))
-    opt, ropt = torch.optim.SGD(conv.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    opt, ropt = (
+        torch.optim.SGD(conv.parameters(), lr=0.1),
+        torch.optim.SGD(ref.parameters(), lr=0.1),
+    )
     for s in range(2):
         xi = _r(2, 4, 5, 5, seed=20 + s)
         y = conv(distribute_tensor(xi, mesh, [R]))
@@ -123,7 +128,12 @@ def check_index_put(rank, world):
     ]
     for acc in (False, True):
         for i in (idx, dup):
-            n += check_op(lambda a, j, c: torch.index_put(a, (j,), c, accumulate=acc), [x, i, v], mesh, combos)
+            n += check_op(
+                lambda a, j, c, acc=acc: torch.index_put(a, (j,), c, accumulate=acc),
+                [x, i, v],
+                mesh,
+                combos,
+            )
     y, w = _r(3, 4, 5, seed=3), _r(2, 5, seed=4)
     i0, i1 = torch.tensor([2, 0]), torch.tensor([3, -1])
     n += check_op(
@@ -183,7 +193,7 @@ def check_reductions_and_linalg(rank, world):
     n = 0
     for p in (1, 2, float("inf"), 3.5):
         n += check_op(
-            lambda x, y: torch.dist(x, y, p), [a, b], mesh,
+            lambda x, y, p=p: torch.dist(x, y, p), [a, b], mesh,
             [([Shard(0)], [Shard(0)]), ([Shard(0)], [Shard(1)]), ([R], [R]), ([P], [Shard(0)])],
             atol=1e-4,
         )  # fmt: skip
@@ -191,7 +201,8 @@ def check_reductions_and_linalg(rank, world):
     g = torch.ops.aten.linalg_vector_norm(da, 2)
     torch.testing.assert_close(g.full_tensor(), torch.linalg.vector_norm(a, 2))
     torch.testing.assert_close(
-        torch.ops.aten.linalg_vector_norm.default(pa, 3).full_tensor(), torch.linalg.vector_norm(a, 3)
+        torch.ops.aten.linalg_vector_norm.default(pa, 3).full_tensor(),
+        torch.linalg.vector_norm(a, 3),
     )
     outs = torch.ops.aten._foreach_norm([da, db, pa], 2)
     for o, ref in zip(outs, torch._foreach_norm([a, b, a], 2)):
@@ -200,7 +211,9 @@ def check_reductions_and_linalg(rank, world):
         torch.ops.aten.renorm(da, 2, 0, 1.0)
     assert "torch.ops.aten.renorm" in str(ei.value) and "pybind11" not in str(ei.value)
     sym = a.T @ a + torch.eye(4)
-    n += check_op(lambda m: torch.linalg.eigvalsh(m), [sym], mesh, [([R],), ([Shard(0)],), ([P],)], atol=1e-4)
+    n += check_op(
+        lambda m: torch.linalg.eigvalsh(m), [sym], mesh, [([R],), ([Shard(0)],), ([P],)], atol=1e-4
+    )
     ev, vec = torch.linalg.eigh(distribute_tensor(sym, mesh, [Shard(1)]))
     rev, rvec = torch.linalg.eigh(sym)
     torch.testing.assert_close(ev.full_tensor(), rev, atol=1e-4, rtol=1e-4)
@@ -246,10 +259,13 @@ def check_nn_ops(rank, world):
         dict(scale_factor=2, mode="bicubic"),
     ):
         n += check_op(
-            lambda x: F.interpolate(x, **kw), [img], mesh,
+            lambda x, kw=kw: F.interpolate(x, **kw), [img], mesh,
             [([Shard(0)],), ([Shard(1)],), ([Shard(2)],), ([P],)], atol=1e-4,
         )  # fmt: skip
-    for m in (torch.nn.UpsamplingBilinear2d(scale_factor=2), torch.nn.UpsamplingNearest2d(scale_factor=2)):
+    for m in (
+        torch.nn.UpsamplingBilinear2d(scale_factor=2),
+        torch.nn.UpsamplingNearest2d(scale_factor=2),
+    ):
         out = m(distribute_tensor(img, mesh, [Shard(0)]))
         assert out.placements == (Shard(0),)
         torch.testing.assert_close(out.full_tensor(), m(img))
@@ -275,24 +291,28 @@ def check_nn_ops(rank, world):
         warnings.simplefilter("always")
         for red in ("mean", "sum", "none"):
             n += check_op(
-                lambda x, t: F.cross_entropy(x, t, reduction=red, label_smoothing=0.1),
+                lambda x, t, red=red: F.cross_entropy(x, t, reduction=red, label_smoothing=0.1),
                 [logits, tgt], mesh, [([Shard(1)], [R]), ([Shard(1)], [Shard(0)])], atol=1e-5,
             )  # fmt: skip
             n += check_op(
-                lambda x, t: F.nll_loss(torch.log_softmax(x, -1), t, reduction=red),
+                lambda x, t, red=red: F.nll_loss(torch.log_softmax(x, -1), t, reduction=red),
                 [logits, tgt], mesh, [([Shard(1)], [R])],
             )  # fmt: skip
         n += check_op(
             lambda x, t, wt: F.cross_entropy(x, t, weight=wt.detach()), [logits, tgt, _r(8, seed=6).abs()],
             mesh, [([Shard(1)], [R], [Shard(0)])],
         )  # fmt: skip
-        n += check_op(lambda x, t: F.cross_entropy(x, t), [logits, probs], mesh, [([Shard(1)], [Shard(1)])])
+        n += check_op(
+            lambda x, t: F.cross_entropy(x, t), [logits, probs], mesh, [([Shard(1)], [Shard(1)])]
+        )
     hints = [r for r in rec if "outside loss_parallel()" in str(r.message)]
     assert 1 <= len(hints) <= 2, [str(r.message) for r in rec]  # once per op kind
     from hyper_shard.parallel import loss_parallel
 
     with loss_parallel():  # the same call inside: no gather, same value
-        d = F.cross_entropy(distribute_tensor(logits, mesh, [Shard(1)]), distribute_tensor(tgt, mesh, [R]))
+        d = F.cross_entropy(
+            distribute_tensor(logits, mesh, [Shard(1)]), distribute_tensor(tgt, mesh, [R])
+        )
         torch.testing.assert_close(d.full_tensor(), F.cross_entropy(logits, tgt))
     # complex views (rotary embeddings) and atleast_Nd
     xq = _r(2, 3, 4, 2, seed=7)

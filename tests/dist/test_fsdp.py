@@ -67,6 +67,7 @@ def check_fsdp_matches_single_process(rank, world):
         for _, p in model.named_parameters():
             assert p.grad is None or p.grad.placements == want
         results.append(got["loss"])
+
     # frozen parameters (the norms) are gathered for forward but get no gradient
     def freeze(m):  # noqa: ANN001, ANN202
         for n, p in m.named_parameters():
@@ -85,7 +86,12 @@ def check_fsdp_matches_single_process(rank, world):
 
         ref = train(make_net(), data[:2], 0, 1, micro=2)
         got = train(
-            model, data[:2], rank, world, micro=2, before_micro=all_reduce_last,
+            model,
+            data[:2],
+            rank,
+            world,
+            micro=2,
+            before_micro=all_reduce_last,
             mean_loss=_mean_over(world),
         )
         assert_same_training(got, ref)
@@ -122,7 +128,9 @@ def check_accumulation_and_options(rank, world):
         if k == 1:
             counts.append(dict(model._fsdp_state().comm.counts))
 
-    got = train(model, data, rank, world, micro=2, before_micro=sync_last, mean_loss=_mean_over(world))
+    got = train(
+        model, data, rank, world, micro=2, before_micro=sync_last, mean_loss=_mean_over(world)
+    )
     assert_same_training(got, ref)
     # micro-batch 1 (no sync) ran 3 forward all-gathers + 2 backward ones (the root keeps
     # its parameters), no reduce-scatter
@@ -271,7 +279,11 @@ def check_collectives_and_errors(rank, world):
     plat, group = mesh.platform, mesh._group(0)
     c = mesh.get_coordinate()[0]
     g = torch.Generator().manual_seed(0)
-    full = [torch.randn(5, 3, generator=g), torch.randn(2, generator=g), torch.randn(7, 1, 2, generator=g)]
+    full = [
+        torch.randn(5, 3, generator=g),
+        torch.randn(2, generator=g),
+        torch.randn(7, 1, 2, generator=g),
+    ]
     layout = FlatLayout([t.shape for t in full], world)
     shards = [t.chunk(world)[c] if c < len(t.chunk(world)) else t[:0] for t in full]
     res = all_gather_unit(plat, group, c, layout, shards, torch.float32, full[0])
@@ -282,7 +294,9 @@ def check_collectives_and_errors(rank, world):
         assert torch.equal(o[: t.numel()].view(t.shape), t)
     grads = [(t * (rank + 1)).to(torch.bfloat16) for t in full]  # per-rank gradients
     red = reduce_scatter_unit(plat, group, layout, grads, torch.float32, full[0], "avg").wait()
-    mean = [sum((t * (r + 1)).to(torch.bfloat16).float() for r in range(world)) / world for t in full]
+    mean = [
+        sum((t * (r + 1)).to(torch.bfloat16).float() for r in range(world)) / world for t in full
+    ]
     for m, v, slot in zip(mean, shard_views(plat, layout, c, red), layout.slots):
         want = m[slot.row_start(c) : slot.row_start(c) + slot.rows[c]]
         torch.testing.assert_close(v.view(slot.shard_shape(c)), want)
@@ -308,17 +322,27 @@ def check_collectives_and_errors(rank, world):
     expect(ValueError, ["already applied"], lambda: fully_shard(net.blocks[0], mesh=dp))
     tied = make_net(tie=True)
     fully_shard(tied.emb, mesh=dp)
-    expect(ValueError, ["Linear.weight", "Embedding.weight", "tied"], lambda: fully_shard(tied.head, mesh=dp))
+    expect(
+        ValueError,
+        ["Linear.weight", "Embedding.weight", "tied"],
+        lambda: fully_shard(tied.head, mesh=dp),
+    )
     top = make_net()
     fully_shard(top, mesh=dp)
     expect(ValueError, ["bottom-up"], lambda: fully_shard(top.blocks[1], mesh=dp))
     alone = DeviceMesh("cpu", [0])  # built by every rank; rank 0 only is in it
     if rank != 0:
-        expect(ValueError, ["not in the mesh", str(rank)], lambda: fully_shard(make_net(), mesh=alone))
+        expect(
+            ValueError, ["not in the mesh", str(rank)], lambda: fully_shard(make_net(), mesh=alone)
+        )
     scalar = torch.nn.Module()
     scalar.s = torch.nn.Parameter(torch.tensor(1.0))
     expect(ValueError, ["0-d", "ignored_params"], lambda: fully_shard(scalar, mesh=dp))
-    expect(NotImplementedError, ["smaller mesh"], lambda: fully_shard(make_net(), mesh=dp, reshard_after_forward=2))
+    expect(
+        NotImplementedError,
+        ["smaller mesh"],
+        lambda: fully_shard(make_net(), mesh=dp, reshard_after_forward=2),
+    )
     from tests.dist._fsdp_models import TinyNet
 
     with torch.device("meta"):
@@ -384,7 +408,9 @@ def check_unit_called_twice(rank, world):
                 ref(x).pow(2).mean().backward()
                 model(x.chunk(world)[rank]).pow(2).mean().backward()
                 for (n, p), q in zip(model.named_parameters(), ref.parameters()):
-                    torch.testing.assert_close(p.grad.full_tensor(), q.grad, msg=f"{mode} {raf} grad {n}")
+                    torch.testing.assert_close(
+                        p.grad.full_tensor(), q.grad, msg=f"{mode} {raf} grad {n}"
+                    )
                 opt_ref.step()
                 opt.step()
                 opt_ref.zero_grad()

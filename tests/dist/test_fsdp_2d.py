@@ -83,7 +83,9 @@ def check_fsdp_tp(rank, world, hsdp):
     nt = torch.nn.utils.clip_grad_norm_([params[n] for n in names], 0.05)
     torch.testing.assert_close(nt.full_tensor(), nr, rtol=1e-5, atol=1e-6)
     for n in names:
-        torch.testing.assert_close(params[n].grad.full_tensor(), rparams[n].grad, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            params[n].grad.full_tensor(), rparams[n].grad, rtol=1e-5, atol=1e-6
+        )
     # ---- state dicts: sharded and full round trips, and meta-device init
     sd = model.state_dict()
     full = {k: v.full_tensor() for k, v in sd.items()}

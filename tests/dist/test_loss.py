@@ -22,7 +22,6 @@ from hyper_shard import (
     Partial,
     Replicate,
     Shard,
-    ShardingError,
     distribute_tensor,
     init_device_mesh,
 )
