@@ -397,7 +397,26 @@ def transformer_samples() -> dict[str, list[Sample]]:
                 logits,
                 labels_ign,
                 partial=[True, False],
-            )
+            ),
+            # MindSpore's nll_loss smooths (torch's has no label_smoothing): in loss_parallel
+            # and outside it (the classes gathered); the original ops.cross_entropy with
+            # label_smoothing reaches this function too, on the log-softmax it computes
+            S(
+                "ops.nll_loss(ops.log_softmax(x, 1), t, label_smoothing=0.1)",
+                lp(lambda x, t: ops.nll_loss(ops.log_softmax(x, 1), t, label_smoothing=0.1)),
+                logits,
+                labels_ign,
+                partial=[True, False],
+            ),
+            S(
+                "ops.nll_loss(x, t, reduction='sum', label_smoothing=0.2) (gathered)",
+                lambda x, t: ops.nll_loss(
+                    ops.log_softmax(x, 1), t, reduction="sum", label_smoothing=0.2
+                ),
+                logits,
+                labels,
+                partial=[True, False],
+            ),
         ],
         "mindspore.mint.nn.functional.cross_entropy": [
             S("F.cross_entropy(x, t)", lp(F.cross_entropy), logits, labels, partial=[True, False])
