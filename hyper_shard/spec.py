@@ -225,6 +225,25 @@ def compute_local_shape_and_offset(
     return tuple(shape), tuple(offset)
 
 
+_SPEC_IDS: dict[tuple, int] = {}
+_NEXT_SPEC_ID = [0]
+_MAX_SPEC_IDS = 1 << 16
+
+
+def intern_spec_key(key: tuple) -> int:
+    """A small int standing for a spec's ``key`` in this process: equal keys get the same
+    int, so the dispatcher's layout-cache keys hash and compare ints, not specs (a Python
+    ``__hash__``/``__eq__`` call per spec per lookup). When the table is full it starts
+    over; ints are never reused, so a spec made after that only misses the cache."""
+    i = _SPEC_IDS.get(key)
+    if i is None:
+        if len(_SPEC_IDS) >= _MAX_SPEC_IDS:
+            _SPEC_IDS.clear()
+        _NEXT_SPEC_ID[0] += 1
+        i = _SPEC_IDS[key] = _NEXT_SPEC_ID[0]
+    return i
+
+
 class DTensorSpec:
     """Mesh + placements + global metadata, with a hash computed once.
 
@@ -249,6 +268,7 @@ class DTensorSpec:
         "shard_order",
         "key",
         "_hash",
+        "_id",
         "_local_shape",
         "_offset",
         "_plans",
@@ -279,6 +299,7 @@ class DTensorSpec:
             self.shard_order,
         )
         self._hash = hash(self.key)
+        self._id = intern_spec_key(self.key)
         self._local_shape: tuple[int, ...] | None = None
         self._offset: tuple[int, ...] | None = None
         self._plans: dict | None = None  # redistribution plans from this spec (planner cache)
@@ -342,6 +363,10 @@ class DTensorSpec:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DTensorSpec) and other.key == self.key
+
+    def __reduce__(self) -> tuple:
+        # rebuilt, never copied slot by slot: ``_hash`` and ``_id`` are this process's
+        return (DTensorSpec, (self.mesh, self.placements, self.tensor_meta, self.shard_order))
 
     def __hash__(self) -> int:
         return self._hash

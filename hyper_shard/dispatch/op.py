@@ -499,12 +499,12 @@ class BoundOp:
         for i, a in enumerate(args):
             ta = type(a)
             if ta is dt_type:
-                parts.append(a._spec)
+                parts.append(a._spec._id)
                 dts.append(a)
             elif ta in _SCALAR_SET and i not in sp:
                 parts.append(ta)
             elif is_dt(a):
-                parts.append(a._spec)
+                parts.append(a._spec._id)
                 dts.append(a)
             elif ta is list or ta is tuple:
                 parts.append(self._seq_key(a, dts, i in self.static_pos))
@@ -521,7 +521,7 @@ class BoundOp:
                     # no DTensor check; the same key part as the general path below
                     parts.append((k, v if (tv is str or k in skw) else tv))
                 elif tv is dt_type or is_dt(v):
-                    parts.append((k, v._spec))
+                    parts.append((k, v._spec._id))
                     dts.append(v)
                 elif tv is list or tv is tuple:
                     parts.append((k, self._seq_key(v, dts, k in self.static_kw)))
@@ -535,7 +535,7 @@ class BoundOp:
         out = []
         for a in seq:
             if self.is_dtensor(a):
-                out.append(a._spec)
+                out.append(a._spec._id)
                 dts.append(a)
             elif static:
                 out.append(_hashable(a))

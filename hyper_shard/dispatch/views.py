@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..spec import DTensorSpec
+from ..spec import DTensorSpec, intern_spec_key
 
 __all__ = ["ViewOf", "ViewCopySpec", "link_views", "write_back"]
 
@@ -59,6 +59,11 @@ class ViewCopySpec(DTensorSpec):
         super().__init__(spec.mesh, spec.placements, spec.tensor_meta, spec.shard_order)
         self.key = (*self.key, "view-copy")  # type: ignore[assignment]
         self._hash = hash(self.key)
+        self._id = intern_spec_key(self.key)
+
+    def __reduce__(self) -> tuple:
+        spec = DTensorSpec(self.mesh, self.placements, self.tensor_meta, self.shard_order)
+        return (ViewCopySpec, (spec,))
 
 
 class _Link:

@@ -237,7 +237,9 @@ class ClassParallelLoss:
         if self.replicated_output(w is not None):
             return self._reduce(self._fused_index_loss(x, t, ii, ls), t, None, ii)
         if self.kind == "nll_loss":
-            logp, ls = x, 0.0
+            # the input is log-probabilities; MindSpore's nll_loss has label_smoothing
+            # (the same smoothing term as cross_entropy's), torch's has none (ls = 0)
+            logp = x
         else:
             logp = sharded_log_softmax(plat, x, cd, self.class_groups)
         if self.prob_count is not None:

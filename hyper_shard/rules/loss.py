@@ -2,7 +2,9 @@
 ``log_softmax`` along a sharded dim.
 
 ``cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100,
-reduce=None, reduction='mean', label_smoothing=0.0)`` and ``nll_loss`` (no smoothing).
+reduce=None, reduction='mean', label_smoothing=0.0)`` and ``nll_loss`` (torch's has no
+smoothing; MindSpore's ``nll_loss(..., label_smoothing)`` smooths as ``cross_entropy`` does,
+on the log-probabilities it is given).
 Global shapes: ``input (N, C, d1...)`` or ``(C,)``; class dim ``1`` (``0`` for a 1-d
 input); ``target`` class indices ``(N, d1...)`` (or ``()``), or class probabilities of
 ``input``'s shape; ``weight (C,)`` (a Replicate DTensor; it receives no gradient, as in

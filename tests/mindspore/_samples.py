@@ -34,6 +34,18 @@ class Sample:
     shard_dims: list[tuple[int, ...] | None] | None = None
 
 
+class Originals:
+    """A module whose bound functions (:mod:`hyper_shard.platform.mindspore.functions`)
+    resolve to the original MindSpore functions."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._module, name)
+        return getattr(fn, "__hyper_shard_original__", fn)
+
+
 def rs(seed: int, *shape: int) -> np.ndarray:
     return np.random.RandomState(seed).randn(*shape).astype(np.float32)
 
@@ -46,6 +58,8 @@ def transformer_samples() -> dict[str, list[Sample]]:
 
     from hyper_shard.parallel import loss_parallel
     from hyper_shard.platform.mindspore import functional as hsF
+
+    orig = Originals(mint)  # a Primitive row: the original function, not its bound wrapper
 
     A, B, V = rs(1, 5, 4), rs(2, 5, 4), rs(3, 4)
     Ap, Bp = np.abs(A) + 0.5, np.abs(B) + 0.5
@@ -173,7 +187,7 @@ def transformer_samples() -> dict[str, list[Sample]]:
         "DivMod": [
             S(
                 "mint.div(a, p, rounding_mode='floor')",
-                lambda a, b: mint.div(a, b, rounding_mode="floor"),
+                lambda a, b: orig.div(a, b, rounding_mode="floor"),
                 A,
                 Bp,
             )
@@ -383,7 +397,26 @@ def transformer_samples() -> dict[str, list[Sample]]:
                 logits,
                 labels_ign,
                 partial=[True, False],
-            )
+            ),
+            # MindSpore's nll_loss smooths (torch's has no label_smoothing): in loss_parallel
+            # and outside it (the classes gathered); the original ops.cross_entropy with
+            # label_smoothing reaches this function too, on the log-softmax it computes
+            S(
+                "ops.nll_loss(ops.log_softmax(x, 1), t, label_smoothing=0.1)",
+                lp(lambda x, t: ops.nll_loss(ops.log_softmax(x, 1), t, label_smoothing=0.1)),
+                logits,
+                labels_ign,
+                partial=[True, False],
+            ),
+            S(
+                "ops.nll_loss(x, t, reduction='sum', label_smoothing=0.2) (gathered)",
+                lambda x, t: ops.nll_loss(
+                    ops.log_softmax(x, 1), t, reduction="sum", label_smoothing=0.2
+                ),
+                logits,
+                labels,
+                partial=[True, False],
+            ),
         ],
         "mindspore.mint.nn.functional.cross_entropy": [
             S("F.cross_entropy(x, t)", lp(F.cross_entropy), logits, labels, partial=[True, False])

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.mindspore._samples import FWD_TOL, Sample, transformer_samples
+from tests.mindspore._samples import FWD_TOL, Originals, Sample, transformer_samples
 from tests.mindspore._samples import rs as _rs
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.multiproc]
@@ -55,14 +55,20 @@ NO_CPU_KERNEL: dict[str, str] = {
 def samples() -> dict[str, list[Sample]]:
     """Primitive name -> sample calls (built in the MindSpore workers)."""
     import mindspore as ms
-    import mindspore.mint.nn.functional as F
-    from mindspore import mint, ops
+    import mindspore.mint.nn.functional as Fw
+    from mindspore import mint as mint_w
+    from mindspore import ops as ops_w
+
+    # the Primitive rows call the original functions (``mint.add`` is bound whole, as
+    # ``mindspore.mint.add``: its wrapper would dispatch the call before the Primitive);
+    # the rows of the bound functions call the wrappers (``mint_w``, ``Fw``)
+    mint, ops, F = Originals(mint_w), Originals(ops_w), Originals(Fw)
 
     A, B, V = _rs(1, 5, 4), _rs(2, 5, 4), _rs(3, 4)
     Ap, Bp = np.abs(A) + 0.5, np.abs(B) + 0.5
     C = A > 0
     M, A3, B3 = _rs(4, 4, 3), _rs(5, 3, 5, 4), _rs(6, 3, 4, 2)
-    W, bias = _rs(7, 3, 4), _rs(8, 3)
+    W_, bias = _rs(7, 3, 4), _rs(8, 3)
     row, A1 = _rs(9, 1, 4), _rs(10, 1, 5, 4)
     E = _rs(12, 7, 4)  # an embedding table: 7 rows (uneven shards)
     ids = np.array([[0, 6, 3], [2, 6, 1]], np.int32)
@@ -80,7 +86,66 @@ def samples() -> dict[str, list[Sample]]:
         return a
 
     nograd: tuple[int, ...] = ()
+    W = mint_w
+    bound_functions = {
+        "mindspore.mint.add": [
+            S("mint.add(a, b)", W.add, A, B),
+            S("mint.add(a, 1.5)", lambda a: W.add(a, 1.5), A),
+            S("mint.add(a, b, alpha=2)", lambda a, b: W.add(a, b, alpha=2), A, B),
+        ],
+        "mindspore.mint.sub": [
+            S("mint.sub(a, b)", W.sub, A, B),
+            S("mint.sub(a, 1.5)", lambda a: W.sub(a, 1.5), A),
+        ],
+        "mindspore.mint.mul": [
+            S("mint.mul(a, v) (broadcast)", W.mul, A, V),
+            S("mint.mul(a, 2.5)", lambda a: W.mul(a, 2.5), A),
+        ],
+        "mindspore.mint.div": [
+            S("mint.div(a, b)", W.div, A, Bp),
+            S("mint.div(a, 2.0)", lambda a: W.div(a, 2.0), A),
+        ],
+        "mindspore.mint.neg": [S("mint.neg(a)", W.neg, A)],
+        "mindspore.mint.exp": [S("mint.exp(a)", W.exp, A)],
+        "mindspore.mint.sqrt": [S("mint.sqrt(a)", W.sqrt, Ap)],
+        "mindspore.mint.rsqrt": [S("mint.rsqrt(a)", W.rsqrt, Ap)],
+        "mindspore.mint.pow": [S("mint.pow(a, b)", W.pow, Ap, B)],
+        "mindspore.mint.tanh": [S("mint.tanh(a)", W.tanh, A)],
+        "mindspore.mint.sigmoid": [S("mint.sigmoid(a)", W.sigmoid, A)],
+        "mindspore.mint.maximum": [S("mint.maximum(a, b)", W.maximum, A, B)],
+        "mindspore.mint.nn.functional.silu": [S("F.silu(a)", Fw.silu, A)],
+        "mindspore.mint.matmul": [
+            S("mint.matmul(a, m)", W.matmul, A, M),
+            S("mint.matmul(a3, b3) (batched)", W.matmul, A3, B3),
+        ],
+        "mindspore.mint.bmm": [S("mint.bmm(a3, b3)", W.bmm, A3, B3)],
+        "mindspore.mint.nn.functional.linear": [
+            S("F.linear(x, w, b)", Fw.linear, A, W_, bias),
+            S("F.linear(x, w)", Fw.linear, A, W_),
+        ],
+        "mindspore.mint.sum": [
+            S("mint.sum(a)", W.sum, A),
+            S("mint.sum(a, 1)", lambda a: W.sum(a, 1), A),
+            S("mint.sum(a, dim=0, keepdim=True)", lambda a: W.sum(a, dim=0, keepdim=True), A),
+        ],
+        "mindspore.mint.mean": [
+            S("mint.mean(a, 1)", lambda a: W.mean(a, 1), A),
+            S("mint.mean(a, -1, True)", lambda a: W.mean(a, -1, True), A),
+        ],
+        "mindspore.mint.softmax": [
+            S("mint.softmax(a, 1)", lambda a: W.softmax(a, 1), A),
+            S("mint.softmax(a, dim=0)", lambda a: W.softmax(a, dim=0), A),
+        ],
+        "mindspore.mint.transpose": [
+            S("mint.transpose(a, 0, 1)", lambda a: W.transpose(a, 0, 1), A)
+        ],
+        "mindspore.mint.cat": [
+            S("mint.cat([a, b])", lambda a, b: W.cat([a, b]), A, B),
+            S("mint.cat((a, b), -1)", lambda a, b: W.cat((a, b), -1), A, B),
+        ],
+    }
     return {
+        **bound_functions,
         "AddExt": [
             S("mint.add(a, b)", mint.add, A, B),
             S("a + v (broadcast)", lambda a, v: a + v, A, V),
@@ -161,8 +226,8 @@ def samples() -> dict[str, list[Sample]]:
         ],
         "BatchMatMulExt": [S("mint.bmm(a3, b3)", mint.bmm, A3, B3)],
         "Dense": [
-            S("F.linear(x, w, b)", F.linear, A, W, bias),
-            S("F.linear(x, w)", F.linear, A, W),
+            S("F.linear(x, w, b)", F.linear, A, W_, bias),
+            S("F.linear(x, w)", F.linear, A, W_),
         ],
         # mint.mm has no CPU kernel in MindSpore 2.10, Tensor.mm (the same Primitive) runs
         "Mm": [S("a.mm(m)", lambda a, m: a.mm(m), A, M), S("mint.mm(a, m)", mint.mm, A, M)],
@@ -460,9 +525,11 @@ def _run_value_sample(sample: Sample, mesh: Any, ref: Any) -> dict:
 
 
 def check_conformance(rank: int, world: int) -> dict:
+    from hyper_shard.platform.mindspore.dispatch import bind
     from hyper_shard.registry.registry import get_registry
     from tests.mindspore._ms_helpers import mesh_1d
 
+    bind()  # the bound functions' wrappers are installed before the samples are made
     mesh = mesh_1d(world)
     table = {**samples(), **transformer_samples()}
     out: dict = {}

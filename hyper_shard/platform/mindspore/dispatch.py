@@ -89,6 +89,17 @@ class TensorMethod(_PseudoPrimitive):
         return f"<TensorMethod {self.name}>"
 
 
+class BoundFunction(_PseudoPrimitive):
+    """A Python-level MindSpore function bound whole by a dotted ``mindspore:`` name
+    (``mindspore.mint.add``, ``mindspore.ops.cross_entropy``: see :mod:`.functions`); its
+    local op is the original function on local aliases."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"<BoundFunction {self.name}>"
+
+
 #: the Tensor methods MindSporeDTensor dispatches from Python (bound as ``Tensor.<name>``)
 TENSOR_METHODS = frozenset(
     f"Tensor.{n}"
@@ -109,7 +120,12 @@ def tensor_method(name: str) -> Any:
         # such as fmod_scalar computing ``input - ...``) the method is the local one
         if _LOCAL.depth or (op.name not in _TABLE and _lookup(op) is None):
             return fn(self, *args, **kwargs)
-        return ms_dispatch(op, (self, *args), kwargs)
+        args = (self, *args)
+        try:
+            return _dispatch(op, args, kwargs)
+        except RuntimeError as e:
+            raise_kernel_error(e, op, args)
+            raise
 
     method.__name__ = method.__qualname__ = name
     return method
@@ -339,6 +355,33 @@ def _wrap_outputs(out: Any, dec: Decision) -> Any:
     return out
 
 
+def _run_on_aliases(fn: Any, args: tuple, kwargs: dict) -> Any:
+    """Run a Python-level function or Tensor method on plain local aliases of the DTensor
+    arguments. When every DTensor is a top-level argument (the common call) no DTensor
+    reaches a Primitive, so no ``NoFallbackGuard`` is needed; otherwise (a list of
+    DTensors, a Parameter DTensor, which stays itself) the guard is entered."""
+    plain = []
+    for a in args:
+        t = type(a)
+        if t is _DT:
+            plain.append(_alias(Tensor, a))
+        elif t is Tensor or t in _SCALARS:
+            plain.append(a)
+        else:
+            break
+    else:
+        if not kwargs:
+            return fn(*plain)
+        for v in kwargs.values():
+            if type(v) not in _SCALARS:
+                break
+        else:
+            return fn(*plain, **kwargs)
+    plain = [_plain(a) for a in args]
+    with NoFallbackGuard():
+        return fn(*plain, **{k: _plain(v) for k, v in kwargs.items()})
+
+
 def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
     """Run ``fn`` on plain local aliases under ``NoFallbackGuard`` and wrap a single tensor
     result as an alias DTensor. The Primitive itself (no rule ``impl``, not a pseudo
@@ -354,6 +397,8 @@ def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
                 out = fn(*args, **kwargs) if kwargs else fn(*args)
         finally:
             _LOCAL.depth -= 1
+    elif dec.impl is None and (tf is TensorMethod or tf is BoundFunction):
+        out = _run_on_aliases(fn.fn, args, kwargs)
     elif dec.impl is None and tf is not _Pseudo:
         # plain aliases: some Tensor-method overloads are Python-level (Narrow is
         # deprecated_tensor_narrow) and would read a DTensor's global shape
@@ -410,25 +455,25 @@ def ms_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     try:
         return _dispatch(func, args, kwargs)
     except RuntimeError as e:
-        err = _kernel_error(e, func, args)
-        if err is e:
-            raise
-        raise err from None  # the kernel's own message is quoted; its C++ trace is noise
+        raise_kernel_error(e, func, args)
+        raise
 
 
-def _kernel_error(e: RuntimeError, func: Any, args: tuple) -> RuntimeError:
-    """A clear error for a kernel MindSpore lacks on this device; other errors unchanged."""
+def raise_kernel_error(e: RuntimeError, func: Any, args: tuple) -> None:
+    """Raise a clear error instead of ``e`` when ``e`` says MindSpore lacks the kernel on
+    this device (the kernel's own message is quoted; its C++ trace is noise); return for
+    any other error, which the caller re-raises unchanged."""
     msg = str(e)
     if isinstance(e, HyperShardError) or not any(k in msg for k in _KERNEL_ERRORS):
-        return e
+        return
     name = _name_of(func)
     dts = [a for a in args if _is_dtensor(a)]
     hint = MISSING_KERNEL_HINTS.get(name, "see docs/mindspore.md for the CPU alternatives")
     device = DISPATCHER.platform.device
-    return HyperShardError(
+    raise HyperShardError(
         f"{name}({', '.join(fmt_placements(d._spec) for d in dts)}): MindSpore has no kernel "
         f"for it on {device} ({msg.splitlines()[0].strip()}); {hint}"
-    )
+    ) from None
 
 
 _Pseudo = _PseudoPrimitive

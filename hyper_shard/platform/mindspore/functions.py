@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .dispatch import _PseudoPrimitive, ms_dispatch
+from .dispatch import _LOCAL, BoundFunction, _dispatch, raise_kernel_error
 
 __all__ = ["resolve", "install", "bound_functions"]
 
@@ -64,7 +64,7 @@ def bound_functions() -> dict[str, Callable]:
 
 
 def _make_wrapper(name: str, orig: Callable, dt_type: type) -> Callable:
-    pseudo = _PseudoPrimitive(name, orig)
+    pseudo = BoundFunction(name, orig)
 
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -77,7 +77,13 @@ def _make_wrapper(name: str, orig: Callable, dt_type: type) -> Callable:
                     break
             else:
                 return orig(*args, **kwargs)
-        return ms_dispatch(pseudo, args, kwargs)
+        if _LOCAL.depth:  # a local op running on the DTensors themselves
+            return orig(*args, **kwargs)
+        try:
+            return _dispatch(pseudo, args, kwargs)
+        except RuntimeError as e:
+            raise_kernel_error(e, pseudo, args)
+            raise
 
     wrapper.__hyper_shard_original__ = orig  # type: ignore[attr-defined]
     return wrapper
