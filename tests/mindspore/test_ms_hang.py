@@ -91,7 +91,7 @@ def test_ms_stall_recent_ops_and_consistency_mode():
             rec[0]["step"] == "all_gather on mesh dim 'tp' (size 2) of DTensor[8, 4][S(0)] -> [R]"
         )
         assert rec[0]["redistribution"] == "redistribute DTensor[8, 4][S(0)] -> [R]"
-        assert rec[1]["op"] == "Softmax(DTensor[8, 4][S(0)])", rec[1]
+        assert rec[1]["op"] == "mindspore.mint.softmax(DTensor[8, 4][S(0)])", rec[1]
         a, b = v["a"], v["b"]
         assert a["error"] and a["error"][0] == "DivergenceError", a
         assert "-> [R]" in a["doing"][0] and "-> [S(1)]" in a["doing"][1]
@@ -102,7 +102,7 @@ def test_ms_stall_recent_ops_and_consistency_mode():
     assert waiting["error"] and waiting["error"][0] == "CollectiveError", waiting
     assert waiting["reason"] == "timeout" and waiting["cause"] == "RuntimeError", waiting
     assert SHORT * 0.8 <= waiting["seconds"] <= SHORT + SLACK, waiting
-    assert "op: Softmax(DTensor[8, 4][S(0)])" in waiting["message"]
+    assert "op: mindspore.mint.softmax(DTensor[8, 4][S(0)])" in waiting["message"]
     assert "(mindspore: " in waiting["message"] and "over ranks [0, 1]" in waiting["message"]
     stalled = res[1].reports["stall"]
     assert stalled["error"] and stalled["error"][0] == "CollectiveError", stalled

@@ -30,7 +30,8 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .dispatch import _LOCAL, BoundFunction, _dispatch, raise_kernel_error
+from . import dispatch as _dispatch_mod
+from .dispatch import _LOCAL, BoundFunction, raise_kernel_error
 
 __all__ = ["resolve", "install", "bound_functions"]
 
@@ -80,7 +81,7 @@ def _make_wrapper(name: str, orig: Callable, dt_type: type) -> Callable:
         if _LOCAL.depth:  # a local op running on the DTensors themselves
             return orig(*args, **kwargs)
         try:
-            return _dispatch(pseudo, args, kwargs)
+            return _dispatch_mod._dispatch(pseudo, args, kwargs)  # the one dispatch path
         except RuntimeError as e:
             raise_kernel_error(e, pseudo, args)
             raise
