@@ -12,16 +12,6 @@ import pytest
 pytestmark = [pytest.mark.mindspore, pytest.mark.multiproc]
 
 
-def _fresh_record() -> int:
-    """Empty the flight recorder and return the index to read its new records from (it is
-    a bounded ring: once full its length stops growing, so counting from ``len(...)``
-    would read nothing and the checks on it would pass vacuously)."""
-    from hyper_shard.debug import clear_recent_ops
-
-    clear_recent_ops()
-    return 0
-
-
 def _tp_model(seed: int):
     """An MLP block (column- then row-parallel under TP) and a plain head."""
     from mindspore import Parameter, Tensor, mint, nn
@@ -100,6 +90,7 @@ def check_fsdp_2d(rank: int, world: int, steps: int) -> dict:
     from hyper_shard.fsdp import fully_shard
     from hyper_shard.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from hyper_shard.platform.mindspore.autograd import value_and_grad
+    from tests.mindspore._ms_helpers import fresh_record
     from tests.mindspore.test_ms_fsdp import _model
 
     out = {}
@@ -117,7 +108,7 @@ def check_fsdp_2d(rank: int, world: int, steps: int) -> dict:
     opt, ref_opt = nn.SGD(net.trainable_params(), 0.1), nn.SGD(ref.trainable_params(), 0.1)
     vg = value_and_grad(loss_of(net), None, opt.parameters)
     ref_vg = ms.value_and_grad(loss_of(ref), None, ref_opt.parameters)
-    n0 = _fresh_record()
+    n0 = fresh_record()
     sl = slice(2 * rank, 2 * rank + 2)
     out["hsdp"] = _train(net, ref, opt, ref_opt, vg, ref_vg, data, target, sl)
     out["hsdp"]["groups"] = sorted(

@@ -11,16 +11,6 @@ import pytest
 pytestmark = [pytest.mark.mindspore, pytest.mark.multiproc]
 
 
-def _fresh_record() -> int:
-    """Empty the flight recorder and return the index to read its new records from (it is
-    a bounded ring: once full its length stops growing, so counting from ``len(...)``
-    would read nothing and the checks on it would pass vacuously)."""
-    from hyper_shard.debug import clear_recent_ops
-
-    clear_recent_ops()
-    return 0
-
-
 def _model(seed: int, compute_dtype=None):
     """Three linear Cells; ``compute_dtype``: the plain reference casts its inputs and
     weights to it in ``construct`` (what FSDP's ``param_dtype`` does), the output back to
@@ -74,6 +64,7 @@ def check_mixed_precision(rank: int, world: int, steps: int) -> dict:
     import hyper_shard as hs
     from hyper_shard.fsdp import MixedPrecisionPolicy, fully_shard
     from hyper_shard.platform.mindspore.autograd import optimizer_grads, value_and_grad
+    from tests.mindspore._ms_helpers import fresh_record
 
     mesh = hs.init_device_mesh("CPU", (world,))
     data = np.random.RandomState(3).randn(steps, 6, 8).astype(np.float32)
@@ -99,7 +90,7 @@ def check_mixed_precision(rank: int, world: int, steps: int) -> dict:
     for i in range(steps):
         x, t = data[i], target[i]
         sl = slice(rank * half, (rank + 1) * half)
-        n0 = _fresh_record()
+        n0 = fresh_record()
         loss, grads = vg(Tensor(x[sl]), Tensor(t[sl]))
         colls.update(_collectives(n0))
         rl, rg = ref_vg(Tensor(x), Tensor(t))
@@ -158,6 +149,7 @@ def check_no_sync(rank: int, world: int, micro: int) -> dict:
     import hyper_shard as hs
     from hyper_shard.fsdp import fully_shard
     from hyper_shard.platform.mindspore.autograd import value_and_grad
+    from tests.mindspore._ms_helpers import fresh_record
 
     mesh = hs.init_device_mesh("CPU", (world,))
     data = np.random.RandomState(5).randn(micro, 4, 8).astype(np.float32)
@@ -183,7 +175,7 @@ def check_no_sync(rank: int, world: int, micro: int) -> dict:
     summed, last, no_sync_reduces = None, None, 0
     for i in range(micro):
         net.set_requires_gradient_sync(i == micro - 1)  # recurse: every unit
-        n0 = _fresh_record()
+        n0 = fresh_record()
         _, grads = vg(Tensor(data[i][sl]), Tensor(target[i][sl]))
         if i < micro - 1:
             no_sync_reduces += sum(1 for c, _ in _collectives(n0) if c == "all_reduce")
@@ -205,7 +197,7 @@ def check_no_sync(rank: int, world: int, micro: int) -> dict:
     deferred = 0
     for i in range(micro):
         hnet.set_requires_all_reduce(i == micro - 1)
-        n0 = _fresh_record()
+        n0 = fresh_record()
         _, hgrads = hvg(Tensor(data[i][sl]), Tensor(target[i][sl]))
         if i < micro - 1:
             deferred += len(_collectives(n0))
