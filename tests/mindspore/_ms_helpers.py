@@ -60,3 +60,12 @@ def fresh_record() -> int:
 
     clear_recent_ops()
     return 0
+
+
+def max_param_err(net: Any, ref: Any) -> float:
+    """The largest absolute difference between ``net``'s parameters (DTensors: their
+    ``full_tensor()``) and the same-order parameters of the one-process ``ref`` Cell."""
+    return max(
+        float(np.abs(p.full_tensor().asnumpy() - r.asnumpy()).max())
+        for p, r in zip(net.trainable_params(), ref.trainable_params())
+    )

@@ -51,6 +51,8 @@ def _tp_model(seed: int):
 def _train(net, ref, opt, ref_opt, vg, ref_vg, data, target, sl) -> dict:
     from mindspore import Tensor
 
+    from tests.mindspore._ms_helpers import max_param_err
+
     losses, ref_losses, grad_err, placements = [], [], 0.0, {}
     params = opt.parameters
     for i in range(len(data)):
@@ -67,10 +69,7 @@ def _train(net, ref, opt, ref_opt, vg, ref_vg, data, target, sl) -> dict:
 
         opt(optimizer_grads(grads, params))
         ref_opt(rg)
-    werr = max(
-        float(np.abs(p.full_tensor().asnumpy() - r.asnumpy()).max())
-        for p, r in zip(net.trainable_params(), ref.trainable_params())
-    )
+    werr = max_param_err(net, ref)
     return {
         "losses": losses,
         "ref": ref_losses,

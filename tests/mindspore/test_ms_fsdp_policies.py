@@ -64,7 +64,7 @@ def check_mixed_precision(rank: int, world: int, steps: int) -> dict:
     import hyper_shard as hs
     from hyper_shard.fsdp import MixedPrecisionPolicy, fully_shard
     from hyper_shard.platform.mindspore.autograd import optimizer_grads, value_and_grad
-    from tests.mindspore._ms_helpers import fresh_record
+    from tests.mindspore._ms_helpers import fresh_record, max_param_err
 
     mesh = hs.init_device_mesh("CPU", (world,))
     data = np.random.RandomState(3).randn(steps, 6, 8).astype(np.float32)
@@ -103,10 +103,7 @@ def check_mixed_precision(rank: int, world: int, steps: int) -> dict:
             grad_err = max(grad_err, float(err))
         opt(optimizer_grads(grads, opt.parameters))
         ref_opt(rg)
-    werr = max(
-        float(np.abs(p.full_tensor().asnumpy() - r.asnumpy()).max())
-        for p, r in zip(net.trainable_params(), ref.trainable_params())
-    )
+    werr = max_param_err(net, ref)
     return {
         "losses": losses,
         "ref": ref_losses,

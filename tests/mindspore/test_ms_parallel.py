@@ -40,6 +40,7 @@ def check_tp_training(rank: int, world: int, steps: int) -> dict:
     import hyper_shard as hs
     from hyper_shard.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from hyper_shard.platform.mindspore.autograd import optimizer_grads, value_and_grad
+    from tests.mindspore._ms_helpers import max_param_err
 
     mesh = hs.init_device_mesh("CPU", (world,))
     data = np.random.RandomState(3).randn(steps, 6, 8).astype(np.float32)
@@ -67,10 +68,7 @@ def check_tp_training(rank: int, world: int, steps: int) -> dict:
         p.name: (type(p).__name__, str(p.placements), tuple(p.to_local().shape))
         for p in net.trainable_params()
     }
-    werr = max(
-        float(np.abs(p.full_tensor().asnumpy() - r.asnumpy()).max())
-        for p, r in zip(net.trainable_params(), ref.trainable_params())
-    )
+    werr = max_param_err(net, ref)
     return {
         "losses": losses,
         "ref": ref_losses,
