@@ -462,7 +462,12 @@ def ms_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
 def raise_kernel_error(e: RuntimeError, func: Any, args: tuple) -> None:
     """Raise a clear error instead of ``e`` when ``e`` says MindSpore lacks the kernel on
     this device (the kernel's own message is quoted; its C++ trace is noise); return for
-    any other error, which the caller re-raises unchanged."""
+    any other error, which the caller re-raises unchanged.
+
+    Raises:
+        HyperShardError: the kernel is missing; names the op, the DTensor placements and
+            the CPU alternative where one is known (:data:`MISSING_KERNEL_HINTS`).
+    """
     msg = str(e)
     if isinstance(e, HyperShardError) or not any(k in msg for k in _KERNEL_ERRORS):
         return
