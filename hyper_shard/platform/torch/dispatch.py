@@ -20,7 +20,7 @@ from ...errors import OpSpecError
 from ...registry.registry import RELOAD_HOOKS, Registry, get_registry
 from .dtensor import TorchDTensor as _DT
 from .dtensor import wrap as _wrap
-from .names import resolve_torch_op, torch_op_name
+from .names import aten_aliases, resolve_torch_op, torch_op_name
 
 __all__ = ["torch_dispatch", "build_torch_table", "DISPATCHER"]
 
@@ -92,7 +92,32 @@ def _lookup(func: Any) -> BoundOp | None:
         _TABLE.clear()
         _TABLE.update(table)
         _TABLE_OF[0] = reg
-    return _TABLE.get(func)
+    bound = _TABLE.get(func)
+    if bound is None:
+        bound = _bind_aten(func)
+    return bound
+
+
+def _bind_aten(func: Any) -> BoundOp | None:
+    """A ``torch.ops.aten`` op with no entry of its own takes the entry of the public torch
+    function it stands for (``aten.add.Tensor`` -> ``torch.add``, ``aten.add_.Tensor`` ->
+    ``Tensor.add_``), as PyTorch DTensor shards aten calls; bound once, then on the hot path."""
+    for alias in aten_aliases(func):
+        known = _TABLE.get(alias)
+        if known is None:
+            continue
+        bound = BoundOp(
+            known.op,
+            torch_op_name(func),
+            inplace=known.inplace,
+            reflected=False,
+            is_dtensor=_is_dtensor,
+            tensor_type=torch.Tensor,
+            dt_type=known.dt_type,
+        )
+        _TABLE[func] = bound
+        return bound
+    return None
 
 
 def _on_reload(reg: Registry) -> None:

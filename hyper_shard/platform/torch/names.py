@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["torch_op_name", "resolve_torch_op"]
+__all__ = ["torch_op_name", "resolve_torch_op", "aten_aliases"]
 
 _NAMESPACES: list[tuple[str, Any]] = [
     ("torch", torch),
@@ -63,7 +63,7 @@ def torch_op_name(func: Any) -> str:
         ns, _, op = func._qualified_op_name.partition("::")
         return f"torch.ops.{ns}.{op}"
     if isinstance(func, torch._ops.OpOverload):  # torch.ops.aten.linalg_vector_norm.default
-        ns, _, op = func.name().partition("::")
+        ns, _, op = func._overloadpacket._qualified_op_name.partition("::")
         return f"torch.ops.{ns}.{op}.{func._overloadname}"
     fname = getattr(func, "__name__", None)
     if fname in ("__get__", "__set__", "__delete__"):
@@ -156,3 +156,30 @@ def resolve_torch_op(name: str) -> Any:
         )
         raise LookupError(f"{name!r} is not a function (it is a {type(obj).__name__}){hint}")
     return obj
+
+
+#: aten ops whose public torch function has another name
+_ATEN_RENAMED = {"_to_copy": "Tensor.to"}
+
+
+def aten_aliases(func: Any) -> list[Any]:
+    """The public torch functions an ``torch.ops.aten.<op>[.<overload>]`` call stands for, in
+    the order to try them: ``torch.<op>``, then ``Tensor.<op>`` (``Tensor.add_`` for
+    ``aten.add_.Tensor``). aten schemas take their arguments in the public functions' order
+    (``self`` first), so the public function's sharding rule reads them unchanged. Empty for
+    other functions and other namespaces."""
+    if isinstance(func, torch._ops.OpOverload):
+        func = func._overloadpacket
+    if not isinstance(func, torch._ops.OpOverloadPacket):
+        return []
+    ns, _, op = func._qualified_op_name.partition("::")
+    if ns != "aten":
+        return []
+    names = [_ATEN_RENAMED[op]] if op in _ATEN_RENAMED else [f"torch.{op}", f"Tensor.{op}"]
+    out = []
+    for n in names:
+        head, _, attr = n.partition(".")
+        obj = getattr(torch if head == "torch" else torch.Tensor, attr, None)
+        if obj is not None and callable(obj):
+            out.append(obj)
+    return out
