@@ -176,6 +176,36 @@ def _stride(args: Any, kwargs: dict) -> Any:
     return st if dim is None else st[dim]
 
 
+@_on(T.is_contiguous)
+def _is_contiguous(args: Any, kwargs: dict) -> bool:
+    """Whether the *global* tensor is contiguous in ``memory_format`` (as PyTorch DTensor,
+    whose wrapper has the global sizes and strides): the global stride against the
+    row-major one, ignoring size-1 dims; a local shard of one row is contiguous either way."""
+    self = args[0]
+    fmt = args[1] if len(args) > 1 else kwargs.get("memory_format", torch.contiguous_format)
+    if fmt is not torch.contiguous_format:
+        with DisableTorchFunctionSubclass():
+            return bool(T.is_contiguous(self, memory_format=fmt))
+    shape = self._spec.shape
+    if math.prod(shape) == 0:
+        return True
+    stride = _stride((self,), {})
+    expected = 1
+    for size, st in zip(reversed(shape), reversed(stride)):
+        if size != 1:
+            if st != expected:
+                return False
+            expected *= size
+    return True
+
+
+@_on(T.storage_offset)
+def _storage_offset(args: Any, kwargs: dict) -> int:
+    """0, as PyTorch DTensor's wrapper reports (the local shard's own offset is
+    ``to_local().storage_offset()``)."""
+    return 0
+
+
 @_on(torch.numel)
 def _torch_numel(args: Any, kwargs: dict) -> int:
     return math.prod(args[0]._spec.shape)
@@ -240,8 +270,8 @@ _PASSTHROUGH_GET = [
 ]  # fmt: skip
 _PASSTHROUGH_METHODS = [
     "element_size", "is_floating_point", "is_complex", "is_signed", "data_ptr", "get_device",
-    "is_contiguous", "is_pinned", "is_shared", "retain_grad", "_is_view", "is_inference",
-    "untyped_storage", "storage_offset", "__hash__", "requires_grad_", "__setstate__",
+    "is_pinned", "is_shared", "retain_grad", "_is_view", "is_inference",
+    "untyped_storage", "__hash__", "requires_grad_", "__setstate__",
     "_fix_weakref", "_is_zerotensor", "is_conj", "is_neg", "has_names", "__dlpack_device__",
 ]  # fmt: skip
 
@@ -684,6 +714,16 @@ def _full_then(method: Any) -> Callable:
 
 for _m in (T.item, T.tolist, T.__bool__, T.__float__, T.__int__, T.__index__, T.numpy, T.__array__):
     PROTOCOL_HANDLERS[_m] = _full_then(_m)
+
+# the same metadata answers for ``torch.ops.aten.<op>`` calls (as PyTorch DTensor answers
+# them): detach, is_same_size, numel, dim, stride, is_contiguous
+for _aten, _m in (
+    ("detach", T.detach), ("is_same_size", T.is_same_size), ("numel", T.numel),
+    ("dim", T.dim), ("stride", T.stride), ("is_contiguous", T.is_contiguous),
+):  # fmt: skip
+    _packet = getattr(torch.ops.aten, _aten)
+    for _f in (_packet, *(getattr(_packet, o) for o in _packet.overloads())):
+        PROTOCOL_HANDLERS.setdefault(_f, PROTOCOL_HANDLERS[_m])
 
 
 from . import dispatch as _dm  # noqa: E402  (dispatch imports this module's class)
