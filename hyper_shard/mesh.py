@@ -19,10 +19,19 @@ from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from ._mesh_flatten import flatten, flattened, from_group
+
 if TYPE_CHECKING:
     from .platform.base import Platform
 
-__all__ = ["DeviceMesh", "init_device_mesh", "as_mesh", "current_mesh"]
+__all__ = ["DeviceMesh", "MeshError", "init_device_mesh", "as_mesh", "current_mesh"]
+
+
+class MeshError(ValueError, RuntimeError):
+    """A mesh argument that does not fit the mesh (a missing ``mesh_dim`` on an N-D mesh,
+    repeated or miscounted dim names). A ``ValueError``, and a ``RuntimeError`` as PyTorch's
+    ``DeviceMesh`` raises for the same calls, so code catching either keeps working."""
+
 
 #: the meshes entered with ``with mesh:`` in this thread/task, innermost last
 _MESH_STACK: ContextVar[tuple[DeviceMesh, ...]] = ContextVar("hyper_shard_mesh_stack", default=())
@@ -97,12 +106,16 @@ class DeviceMesh:
         if mesh_dim_names is not None:
             mesh_dim_names = tuple(mesh_dim_names)
             if len(mesh_dim_names) != len(shape):
-                raise ValueError(
+                raise MeshError(
                     f"DeviceMesh: {len(mesh_dim_names)} mesh_dim_names {mesh_dim_names} for a "
-                    f"{len(shape)}-D mesh of shape {shape}"
+                    f"{len(shape)}-D mesh of shape {shape}: mesh_shape and mesh_dim_names "
+                    f"should have same length"
                 )
             if len(set(mesh_dim_names)) != len(mesh_dim_names):
-                raise ValueError(f"DeviceMesh: mesh_dim_names {mesh_dim_names} are not unique")
+                raise MeshError(
+                    f"DeviceMesh: mesh_dim_names {mesh_dim_names} are not unique: each "
+                    f"mesh_dim_name must be unique"
+                )
         self.device_type = device_type
         self._shape: tuple[int, ...] = shape
         self._ranks: tuple[int, ...] = ranks
@@ -152,7 +165,7 @@ class DeviceMesh:
             _rebuild_mesh,
             (
                 self.device_type,
-                self.mesh,
+                self._nested(),
                 self.mesh_dim_names,
                 self._platform is None,
                 self._coordinate,
@@ -226,7 +239,14 @@ class DeviceMesh:
         return len(self._shape)
 
     @property
-    def mesh(self) -> list[Any]:
+    def mesh(self) -> Any:
+        """The ranks in the mesh's shape: a framework integer tensor on a concrete mesh (as
+        PyTorch's ``DeviceMesh.mesh``: ``mesh.mesh.tolist()``, ``mesh.mesh[0]``), a nested
+        list on an abstract one."""
+        nested = self._nested()
+        return nested if self._platform is None else self._platform.rank_tensor(nested)
+
+    def _nested(self) -> list[Any]:
         """The ranks as a nested list of the mesh's shape."""
         nested: Any = list(self._ranks)
         for s in reversed(self._shape[1:]):
@@ -277,7 +297,10 @@ class DeviceMesh:
         """This rank's coordinate along ``mesh_dim`` (index or name)."""
         if mesh_dim is None:
             if self.ndim != 1:
-                raise ValueError("get_local_rank() needs mesh_dim on a mesh with more than one dim")
+                raise MeshError(
+                    f"get_local_rank(): the DeviceMesh has {self.ndim} dimensions; optional kwarg "
+                    f"`mesh_dim` needs to be specified when device_mesh.ndim > 1"
+                )
             mesh_dim = 0
         d = self._dim_index(mesh_dim)
         if self._coordinate is None:
@@ -310,7 +333,11 @@ class DeviceMesh:
             raise RuntimeError(f"{self!r} is abstract: it has no process group")
         if mesh_dim is None:
             if self.ndim != 1:
-                raise ValueError("get_group() needs mesh_dim on a mesh with more than one dim")
+                raise MeshError(
+                    f"get_group(): the DeviceMesh has {self.ndim} dimensions; optional kwarg "
+                    f"`mesh_dim` needs to be specified when device_mesh.ndim > 1 (or use "
+                    f"get_all_groups())"
+                )
             mesh_dim = 0
         return self._groups[self._dim_index(mesh_dim)]
 
@@ -337,6 +364,10 @@ class DeviceMesh:
         if isinstance(names, str):
             names = (names,)
         names = tuple(names)
+        if len(names) == 1 and (self.mesh_dim_names is None or names[0] not in self.mesh_dim_names):
+            flat = flattened(self, names[0])
+            if flat is not None:
+                return flat
         dims = [self._dim_index(n) for n in names]
         if len(set(dims)) != len(dims):
             raise ValueError(f"mesh[{names}]: a dimension is named twice")
@@ -379,6 +410,25 @@ class DeviceMesh:
         sub._root_dims = tuple(root_dims[d] for d in dims)
         return sub
 
+    def _flatten(self, mesh_dim_name: str | None = None) -> DeviceMesh:
+        """This mesh's dims merged into one, row-major (as PyTorch's ``_flatten``): a 1-D
+        mesh named ``mesh_dim_name`` (default: the dim names joined by ``"_"``) with its own
+        process group, found again as ``root[mesh_dim_name]``. Every rank calls it (it may
+        create groups)."""
+        return flatten(self, mesh_dim_name)
+
+    @staticmethod
+    def from_group(
+        group: Any,
+        device_type: str,
+        mesh: Any = None,
+        *,
+        mesh_dim_names: Sequence[str] | None = None,
+    ) -> DeviceMesh:
+        """A mesh over existing framework process groups (as PyTorch's
+        ``DeviceMesh.from_group``); see :func:`hyper_shard._mesh_flatten.from_group`."""
+        return from_group(group, device_type, mesh, mesh_dim_names=mesh_dim_names)
+
     # ------------------------------------------------------------------ identity
     def __eq__(self, other: object) -> bool:
         return self is other or (isinstance(other, DeviceMesh) and other._key == self._key)
@@ -389,7 +439,7 @@ class DeviceMesh:
     def __repr__(self) -> str:
         names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
         kind = "abstract " if self._platform is None else ""
-        return f"DeviceMesh({kind}{self.device_type!r}, {self.mesh}{names})"
+        return f"DeviceMesh({kind}{self.device_type!r}, {self._nested()}{names})"
 
 
 def current_mesh() -> DeviceMesh | None:

@@ -390,6 +390,16 @@ class Platform:
         (default: hyper_shard's group itself)."""
         return group
 
+    def group_from_native(self, native: Any) -> Any:
+        """hyper_shard's group over a framework process group a user made (for
+        ``DeviceMesh.from_group``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot build a mesh from a group")
+
+    def rank_tensor(self, nested: list[Any]) -> Any:
+        """``DeviceMesh.mesh``: the ranks (a nested list) as the framework shows them
+        (default: the nested list itself)."""
+        return nested
+
     def cast(self, t: Any, dtype: Any) -> Any:
         """``t`` converted to ``dtype`` (differentiable; a plain local tensor)."""
         raise NotImplementedError(

@@ -598,6 +598,12 @@ class TorchPlatform(Platform):
     def native_group(self, group: Any) -> Any:
         return group.pg
 
+    def group_from_native(self, native: Any) -> TorchGroup:
+        return TorchGroup(native, dist.get_process_group_ranks(native))
+
+    def rank_tensor(self, nested: list[Any]) -> torch.Tensor:
+        return torch.tensor(nested, dtype=torch.int, device="cpu")
+
     def cast(self, t: Any, dtype: Any) -> torch.Tensor:
         with DisableTorchFunctionSubclass():
             return t.to(dtype)

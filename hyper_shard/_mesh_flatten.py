@@ -1,0 +1,135 @@
+"""``DeviceMesh._flatten`` and ``DeviceMesh.from_group``, with PyTorch's semantics.
+
+A flattened mesh merges some dimensions of a mesh into one (``mesh["dp", "cp"]._flatten()``
+is the 1-D mesh ``"dp_cp"`` over those ranks, row-major), with a process group of its own;
+the root mesh remembers it by name, so ``root["dp_cp"]`` finds it again, as in PyTorch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .mesh import DeviceMesh
+
+__all__ = ["flatten", "flattened", "from_group"]
+
+
+def _root(mesh: DeviceMesh) -> tuple[DeviceMesh, tuple[int, ...]]:
+    return (mesh._root or mesh), mesh._root_dims
+
+
+def flatten(mesh: DeviceMesh, name: str | None) -> DeviceMesh:
+    """The 1-D mesh over ``mesh``'s ranks (row-major), named ``name`` (default: the dim names
+    joined by ``"_"``). A collective when it creates groups: every rank of the root mesh
+    calls it, as in PyTorch. The same name on the same dims returns the same mesh.
+
+    Raises:
+        MeshError: no name and no dim names, or ``name`` already names other dims.
+        RuntimeError: this rank is not in the mesh.
+    """
+    from .mesh import DeviceMesh, MeshError
+
+    if mesh._coordinate is None:
+        raise RuntimeError(f"_flatten: rank {mesh._rank} is not in {mesh!r}")
+    if name is None:
+        if mesh.mesh_dim_names is None:
+            raise MeshError("_flatten: the mesh has no mesh_dim_names; pass mesh_dim_name")
+        name = "_".join(mesh.mesh_dim_names)
+    root, rdims = _root(mesh)
+    cache: dict[str, tuple[tuple[int, ...], DeviceMesh]] = root.__dict__.setdefault(
+        "_flattened", {}
+    )
+    hit = cache.get(name)
+    if hit is not None:
+        if hit[0] == rdims:
+            return hit[1]
+        raise MeshError(
+            f"_flatten: {name!r} already names flattened mesh dims {hit[0]} of {root!r}"
+        )
+    if root.mesh_dim_names is not None and name in root.mesh_dim_names:
+        if (root.mesh_dim_names.index(name),) == rdims:
+            return mesh
+        raise MeshError(f"_flatten: {name!r} already names a dimension of {root!r}")
+    groups: list[Any] | None = None
+    members = list(mesh._ranks)
+    if root._groups is not None and root._platform is not None:
+        if len(rdims) == 1:
+            groups = [root._groups[rdims[0]]]
+        else:
+            groups = [_create_group(root, rdims)]
+    flat = DeviceMesh(
+        mesh.device_type, members, mesh_dim_names=(name,), _rank=mesh._rank, _groups=groups,
+        _abstract=True,
+    )  # fmt: skip
+    flat._platform = root._platform
+    cache[name] = (rdims, flat)
+    return flat
+
+
+def _create_group(root: DeviceMesh, rdims: tuple[int, ...]) -> Any:
+    """Every flattened group of ``root`` over dims ``rdims`` (other coordinates fixed),
+    created in the same order on every rank; this rank's one."""
+    assert root._platform is not None
+    other = [range(s) if d not in rdims else range(1) for d, s in enumerate(root._shape)]
+    mine = None
+    for fixed in itertools.product(*other):
+        coord = list(fixed)
+        ranks = []
+        for idx in itertools.product(*[range(root._shape[d]) for d in rdims]):
+            for d, i in zip(rdims, idx):
+                coord[d] = i
+            ranks.append(root._ranks[sum(c * st for c, st in zip(coord, root._strides))])
+        g = root._platform.new_group(ranks)  # collective: every rank calls it
+        if root._rank in ranks:
+            mine = g
+    return mine
+
+
+def flattened(mesh: DeviceMesh, name: str) -> DeviceMesh | None:
+    """The mesh flattened from ``mesh``'s root under ``name``, or None."""
+    root, _ = _root(mesh)
+    hit = root.__dict__.get("_flattened", {}).get(name)
+    return None if hit is None else hit[1]
+
+
+def from_group(
+    group: Any,
+    device_type: str,
+    mesh: Any = None,
+    *,
+    mesh_dim_names: Sequence[str] | None = None,
+) -> DeviceMesh:
+    """A mesh over existing process groups (as PyTorch's ``DeviceMesh.from_group``): one
+    group gives the 1-D mesh over its ranks; a list of groups (one per mesh dim, each this
+    rank's group along that dim) needs ``mesh``, the ranks in the mesh's shape. No
+    collective: the groups are reused.
+
+    Raises:
+        MeshError: a list of groups without ``mesh``, or a count that differs from its ndim.
+    """
+    from .mesh import DeviceMesh, MeshError, _flatten
+    from .platform.select import get_platform
+
+    plat = get_platform(None, device_type=device_type)
+    natives = list(group) if isinstance(group, (list, tuple)) else [group]
+    groups = [plat.group_from_native(g) for g in natives]
+    if mesh is None:
+        if len(groups) != 1:
+            raise MeshError(
+                f"DeviceMesh.from_group: {len(groups)} groups need `mesh`, the ranks in the "
+                f"mesh's shape"
+            )
+        mesh = list(groups[0].ranks)
+    shape, _ = _flatten(mesh)
+    if len(shape) != len(groups) or math.prod(shape) == 0:
+        raise MeshError(
+            f"DeviceMesh.from_group: {len(groups)} groups for a {len(shape)}-D mesh {mesh!r}; "
+            f"give one group per mesh dimension"
+        )
+    return DeviceMesh(
+        device_type, mesh, mesh_dim_names=mesh_dim_names, platform=plat, _groups=groups
+    )
