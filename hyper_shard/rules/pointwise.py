@@ -13,6 +13,9 @@ Replicate). Partial values follow the op's linearity (``partial:``):
 * ``first`` (div): only the first operand (the numerator) may be ``Partial(op)``.
 * ``max_preserving`` (monotone non-decreasing ops: relu, clamp-free max): ``Partial(max)``
   -> ``Partial(max)`` and ``Partial(min)`` -> ``Partial(min)`` for one-input ops.
+* ``max`` / ``min`` (maximum / minimum): ``Partial(max)`` (``Partial(min)``) inputs, or one
+  of them next to Replicate ones, give ``Partial(max)`` (``Partial(min)``) with no
+  communication, as PyTorch DTensor (``max(max_i a_i, b) = max_i max(a_i, b)``).
 
 ``rule: where`` is ``torch.where(condition, input, other)``: this rule, refusing the
 one-argument form, whose result shape depends on the values.
@@ -38,7 +41,7 @@ _PSUM = Partial("sum")
 
 
 class PointwiseParams(RuleParams):
-    partial: Literal["none", "linear", "bilinear", "first", "max_preserving"] = "none"
+    partial: Literal["none", "linear", "bilinear", "first", "max_preserving", "max", "min"] = "none"
     #: canonical names whose python-scalar values are additive terms (zeroed off coordinate 0)
     scalar_terms: list[str] = ["input", "other"]
 
@@ -94,6 +97,12 @@ class PointwiseOp(DistributedOp):
         elif mode == "max_preserving" and nin == 1:
             for op in ("max", "min"):
                 strategies.append(((Partial(op),), (Partial(op),)))
+        elif mode in ("max", "min"):
+            p = Partial(mode)
+            strategies.append(((p,), (p,) * nin))
+            if nin > 1:
+                for j in range(nin):
+                    strategies.append(((p,), tuple(p if i == j else R for i in range(nin))))
         return strategies
 
     def expand_impl(self, call: OpCall, layout: Layout) -> Layout:
