@@ -23,7 +23,7 @@ from torch._C import DisableTorchFunctionSubclass
 
 from ...dtensor import DTensor, local_derivative, redistribute_local
 from ...placement import Partial, Replicate, grad_placement
-from ...spec import DTensorSpec, global_stride
+from ...spec import DTensorSpec, contiguous_stride, global_stride
 from . import dcp as _dcp
 
 __all__ = ["TorchDTensor", "wrap", "make_leaf", "PROTOCOL_HANDLERS"]
@@ -199,13 +199,6 @@ def _is_contiguous(args: Any, kwargs: dict) -> bool:
     return True
 
 
-@_on(T.storage_offset)
-def _storage_offset(args: Any, kwargs: dict) -> int:
-    """0, as PyTorch DTensor's wrapper reports (the local shard's own offset is
-    ``to_local().storage_offset()``)."""
-    return 0
-
-
 @_on(torch.numel)
 def _torch_numel(args: Any, kwargs: dict) -> int:
     return math.prod(args[0]._spec.shape)
@@ -243,7 +236,15 @@ def _contiguous(args: Any, kwargs: dict) -> Any:
     with DisableTorchFunctionSubclass():
         done = T.is_contiguous(self, *args[1:], **kwargs)
     if done:
-        return self
+        if len(args) > 1 or kwargs or _is_contiguous((self,), {}):
+            return self
+        # a local shard whose size-1 dims keep a transposed layout (a one-row shard of a
+        # transpose): the same data restrided row-major, so the global stride is too
+        with DisableTorchFunctionSubclass():
+            local = self.as_subclass(torch.Tensor)
+            shape = tuple(local.shape)
+            local = local.as_strided(shape, contiguous_stride(shape), local.storage_offset())
+        return wrap(local, self._spec)
     return _dm.torch_dispatch(T.contiguous, args, kwargs)
 
 
@@ -271,7 +272,7 @@ _PASSTHROUGH_GET = [
 _PASSTHROUGH_METHODS = [
     "element_size", "is_floating_point", "is_complex", "is_signed", "data_ptr", "get_device",
     "is_pinned", "is_shared", "retain_grad", "_is_view", "is_inference",
-    "untyped_storage", "__hash__", "requires_grad_", "__setstate__",
+    "untyped_storage", "storage_offset", "__hash__", "requires_grad_", "__setstate__",
     "_fix_weakref", "_is_zerotensor", "is_conj", "is_neg", "has_names", "__dlpack_device__",
 ]  # fmt: skip
 
