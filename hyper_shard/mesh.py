@@ -431,7 +431,19 @@ class DeviceMesh:
 
     # ------------------------------------------------------------------ identity
     def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, DeviceMesh) and other._key == self._key)
+        """Same ranks, shape, device type and dim names; a framework's own mesh (a torch
+        ``DeviceMesh``) compares by what it converts to, so ``dt.device_mesh == torch_mesh``
+        holds as in PyTorch (no collective)."""
+        if self is other or (isinstance(other, DeviceMesh) and other._key == self._key):
+            return True
+        if isinstance(other, DeviceMesh) or other is None or self._platform is None:
+            return False
+        if type(other).__module__.split(".")[0] not in ("torch", "mindspore"):
+            return False
+        try:
+            return as_mesh(other)._key == self._key
+        except TypeError:
+            return False
 
     def __hash__(self) -> int:
         return self._hash
