@@ -270,3 +270,34 @@ def check_pointwise_partials(rank, world):
 
 def test_pointwise_partials(dist4):
     assert dist4.run(check_pointwise_partials) == [True] * 4
+
+
+# ----------------------------------------- torch meshes, as DTensorTestBase builds them
+def check_torch_meshes(rank, world):
+    """PyTorch's tests build ``torch.distributed.device_mesh`` meshes (their import is not
+    switched) and hand them to the DTensor API: sub-meshes, flattened meshes and 2-D meshes
+    shard as in PyTorch, and ``dt.device_mesh == mesh`` holds for the torch mesh."""
+    from torch.distributed.device_mesh import init_device_mesh as torch_mesh
+
+    m2 = torch_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    flat = m2._flatten("dp_tp")
+    x = torch.arange(64.0).reshape(8, 8)
+
+    def run(L):
+        S, R = L.Shard, L.Replicate
+        d = L.distribute_tensor(x, m2, [S(0), R()])
+        return (
+            d.device_mesh == m2,
+            d.device_mesh["tp"].mesh,
+            L.distribute_tensor(x, m2["tp"], [S(0)]).to_local(),
+            L.distribute_tensor(x, flat, [S(1)]),
+            L.distribute_tensor(x, m2["dp_tp"], [S(0)]).to_local(),
+            d.redistribute(m2, [R(), S(1)]),
+        )
+
+    _both(run, "torch meshes")
+    return True
+
+
+def test_torch_meshes(dist4):
+    assert dist4.run(check_torch_meshes) == [True] * 4
