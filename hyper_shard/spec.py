@@ -34,6 +34,7 @@ __all__ = [
     "chunk_sizes",
     "compute_local_shape_and_offset",
     "global_stride",
+    "view_stride",
 ]
 
 
@@ -91,6 +92,38 @@ def global_stride(
     for d in sorted(dense, key=key, reverse=True):
         out[d] = acc
         acc *= max(int(global_shape[d]), 1)
+    return tuple(out)
+
+
+def view_stride(
+    global_shape: Sequence[int], local_shape: Sequence[int], local_stride: Sequence[int]
+) -> tuple[int, ...]:
+    """The global stride of a DTensor whose local shard may be a *view with gaps* (a slice,
+    ``narrow`` or ``select`` of an unsharded dim): each local stride scaled by how much
+    larger than the shard the global tensor is along the dims inside it (in memory order,
+    as :func:`global_stride` orders them), as PyTorch DTensor reports a view's stride
+    (``x[:, 1:3]`` of an ``8 x 4`` sharded on rows: ``(4, 1)``). For a dense local shard
+    this is :func:`global_stride`; a shard empty along a dim inside another falls back to
+    it.
+
+    >>> view_stride((8, 2), (2, 2), (4, 1))
+    (4, 1)
+    >>> view_stride((4, 4), (4, 2), (2, 1))
+    (4, 1)
+    """
+    n = len(global_shape)
+    if len(local_shape) != n or len(local_stride) != n:
+        return global_stride(global_shape, local_shape, local_stride)
+    key = lambda d: (-local_stride[d], local_shape[d] == 1, d)  # noqa: E731
+    out = [0] * n
+    num, den = 1, 1
+    for d in sorted(range(n), key=key, reverse=True):  # innermost first
+        scaled = local_stride[d] * num
+        if den == 0 or scaled % den:  # an empty shard inside: its extent is unknown
+            return global_stride(global_shape, local_shape, local_stride)
+        out[d] = scaled // den
+        if local_shape[d] != global_shape[d] and local_stride[d] != 0:
+            num, den = num * int(global_shape[d]), den * int(local_shape[d])
     return tuple(out)
 
 

@@ -23,7 +23,7 @@ from .._creation import local_stride
 from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..errors import ShardingError
 from ..placement import Replicate, Shard
-from ..spec import global_stride
+from ..spec import global_stride, view_stride
 from . import register_rule
 
 __all__ = ["AsStridedOp"]
@@ -45,6 +45,8 @@ class _Identity:
         plat = self.plat
         lshape, lstride = plat.shape(x), local_stride(plat, x)
         gstride = global_stride(self.size, lshape, lstride)
+        if gstride != self.stride and view_stride(self.size, lshape, lstride) == self.stride:
+            gstride = self.stride  # the stride DTensor.stride() reports for a view
         if gstride != self.stride or (self.offset not in (None, x.storage_offset())):
             raise ShardingError(
                 f"{self.describe}: as_strided not supported with DTensor except as the identity "
@@ -100,7 +102,9 @@ class AsStridedOp(DistributedOp):
         ident = size == tuple(x.shape) and len(stride) == len(size)
         if ident and local is not None:
             lst = local_stride(plat, local)
-            ident = global_stride(x.shape, plat.shape(local), lst) == stride and offset in (
+            lsh = plat.shape(local)
+            ident = stride in (global_stride(x.shape, lsh, lst), view_stride(x.shape, lsh, lst))
+            ident = ident and offset in (
                 None,
                 getattr(local, "storage_offset", lambda: None)(),
             )
