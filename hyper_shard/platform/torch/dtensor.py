@@ -23,7 +23,7 @@ from torch._C import DisableTorchFunctionSubclass
 
 from ...dtensor import DTensor, local_derivative, redistribute_local
 from ...placement import Partial, Replicate, grad_placement
-from ...spec import DTensorSpec, contiguous_stride, global_stride
+from ...spec import DTensorSpec, contiguous_stride, view_stride
 from . import dcp as _dcp
 
 __all__ = ["TorchDTensor", "wrap", "make_leaf", "PROTOCOL_HANDLERS"]
@@ -171,7 +171,7 @@ def _stride(args: Any, kwargs: dict) -> Any:
     if lshape == spec.shape:
         st = lstride
     else:
-        st = global_stride(spec.shape, lshape, lstride)
+        st = view_stride(spec.shape, lshape, lstride)
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
     return st if dim is None else st[dim]
 
