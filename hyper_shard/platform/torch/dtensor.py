@@ -687,3 +687,4 @@ for _m in (T.item, T.tolist, T.__bool__, T.__float__, T.__int__, T.__index__, T.
 
 
 from . import dispatch as _dm  # noqa: E402  (dispatch imports this module's class)
+from . import inplace_views as _inplace_views  # noqa: E402,F401  (registers its handlers)
