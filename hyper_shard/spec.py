@@ -259,13 +259,18 @@ def compute_local_shape_and_offset(
 
 
 _SPEC_IDS: dict[tuple, int] = {}
-_NEXT_SPEC_ID = [0]
+#: spec ids start far above any int an op takes as a static argument (dims, sizes, k,
+#: seeds: all below 2**64): a layout-cache key holds spec ids and static values side by
+#: side (``torch.max(x, 1)`` vs ``torch.max(x, y)``), and the two must never compare equal
+_SPEC_ID_BASE = 1 << 70
+_NEXT_SPEC_ID = [_SPEC_ID_BASE]
 _MAX_SPEC_IDS = 1 << 16
 
 
 def intern_spec_key(key: tuple) -> int:
-    """A small int standing for a spec's ``key`` in this process: equal keys get the same
-    int, so the dispatcher's layout-cache keys hash and compare ints, not specs (a Python
+    """An int standing for a spec's ``key`` in this process (from ``_SPEC_ID_BASE`` up, so
+    never equal to a static argument's value): equal keys get the same int, so the
+    dispatcher's layout-cache keys hash and compare ints, not specs (a Python
     ``__hash__``/``__eq__`` call per spec per lookup). When the table is full it starts
     over; ints are never reused, so a spec made after that only misses the cache."""
     i = _SPEC_IDS.get(key)

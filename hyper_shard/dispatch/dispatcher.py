@@ -37,6 +37,7 @@ from ..errors import OpNotRegisteredError, ShardingError
 from ..flight.context import OpFrame, stack
 from ..redistribute.executor import redistribute_with_plan
 from . import switches
+from .cross_mesh import adopt_scalars, foreign_mesh, split_foreach
 from .op import BoundOp, Decision, OpCall, fmt_placements
 from .order import any_ordered, left_to_right_call_specs
 from .out_variant import write_out
@@ -190,6 +191,14 @@ class Dispatcher:
             return self._unregistered(func, args, kwargs)
         key, dts = bound.key(args, kwargs)
         dec = _CACHE.get(key)
+        if dec is None and foreign_mesh(dts):  # DTensors of several meshes: cross_mesh.py
+            if getattr(bound.op, "replicate_plain_lists", False):  # a foreach op
+                done, out = split_foreach(self.dispatch, func, args, kwargs, self.is_dtensor)
+                if done:
+                    return out
+            args, kwargs = adopt_scalars(dts, args, kwargs, self.is_dtensor)
+            key, dts = bound.key(args, kwargs)
+            dec = _CACHE.get(key)
         if dec is None:
             dec = self._miss(bound, func, args, kwargs, dts, key)
             out = self.execute(bound, func, args, kwargs, dts, dec)

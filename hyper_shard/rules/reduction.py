@@ -37,7 +37,9 @@ dims when ``keepdim`` is False). Exactness on uneven and empty shards:
   the local count, which is wrong for uneven shards and NaN for empty ones);
 * ``amax``/``amin`` (and ``max(x)``/``min(x)``) pad an empty local shard with the
   reduction's identity (``-inf``/``+inf``, the integer dtype's min/max), since the local
-  kernel refuses an empty reduction.
+  kernel refuses an empty reduction; on floating inputs their gradient splits evenly
+  between all the elements equal to the extremum, on whichever ranks (as torch;
+  :mod:`hyper_shard.kernels.extremum`).
 
 These local implementations compute with the platform's local math (``plat.sum``,
 ``plat.amax``): the same on every framework.
@@ -56,7 +58,8 @@ from typing import Any, Literal
 from ..dispatch.op import Binder, DistributedOp, Layout, OpCall
 from ..dispatch.search import SingleDimStrategy, search_strategy
 from ..errors import ShardingError
-from ..kernels import input_as_dtype
+from ..kernels import groups_of, input_as_dtype
+from ..kernels.extremum import ExactExtremum
 from ..placement import Partial, Shard
 from ..redistribute.planner import cost_model_for
 from ..registry.models import RuleParams
@@ -195,6 +198,11 @@ def kept_dim_map(ndim: int, dims: Sequence[int], keepdim: bool) -> dict[int, int
         out[d] = k
         k += 1
     return out
+
+
+def _is_floating(dtype: Any) -> bool:
+    name = str(dtype).rsplit(".", 1)[-1].lower()
+    return any(k in name for k in ("float", "half", "double"))
 
 
 def identity_value(reduce: str, dtype: Any, itemsize: int) -> Any:
@@ -429,12 +437,25 @@ class ReductionOp(DistributedOp):
                 call.binder or self.binder, f.dims, f.keepdim, count, call.platform
             )
             return layout
-        # amax / amin / max(x) / min(x): pad an empty local shard with the identity
+        # amax / amin / max(x) / min(x): pad an empty local shard with the identity; a
+        # floating input gets torch's gradient for ties across ranks (kernels/extremum.py)
         local = spec.with_placements(target).local_shape()
         empty = tuple(d for d in f.dims if local[d] == 0)
-        if empty:
-            mode = "max" if op in ("amax", "max") else "min"
-            meta = spec.tensor_meta
+        mode = "max" if op in ("amax", "max") else "min"
+        meta = spec.tensor_meta
+        if _is_floating(meta.dtype):
+            layout.impl = ExactExtremum(
+                call.binder or self.binder,
+                f.dims,
+                f.keepdim,
+                mode,
+                empty,
+                identity_value(mode, meta.dtype, meta.itemsize),
+                call.mesh,
+                meta.dtype,
+                groups_of(call.mesh, sharded),
+            )
+        elif empty:
             layout.impl = _ExtremumPadded(
                 call.binder or self.binder,
                 f.dims,

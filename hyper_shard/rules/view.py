@@ -30,8 +30,9 @@ at this rank, unflatten its local sizes, squeeze the explicit global size-1 dims
 sharded dim can be size 1 locally), and view_as/reshape_as/expand_as run a replacement
 that uses the local output shape. ``-1`` is resolved against the GLOBAL numel.
 
-In-place view ops (``t_``, ``squeeze_``...) change the shape of their DTensor and are not
-registered.
+In-place view ops (``t_``, ``squeeze_``, ``unsqueeze_``, ``transpose_``...) change the shape
+of their DTensor: on torch they reuse these rules (``platform/torch/inplace_views.py``) and
+run in place when the view moves no data, else raise.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from hyper_shard import DeviceMesh, Partial, Replicate, Shard, ShardingError
 from hyper_shard.dispatch.op import OpCall
+from hyper_shard.kernels.extremum import ExactExtremum
 from hyper_shard.platform.torch.names import resolve_torch_op
 from hyper_shard.registry import get_registry
 from hyper_shard.rules.norm import normalized_ndim
@@ -239,13 +240,20 @@ def test_decisions_install_exact_kernels():
     assert lay.impl.count == 15
     local = torch.randn(0, 3)  # an empty shard contributes 0, not NaN
     assert lay.impl(local).item() == 0.0
-    # amax: the rank holding the empty shard of a size-1 dim pads with the identity
-    y = _spec(DeviceMesh.abstract((2,), rank=1), [Shard(1)], (3, 1))
+    # amax of an integer tensor: the rank holding the empty shard of a size-1 dim pads
+    # with the identity
+    y = _spec(DeviceMesh.abstract((2,), rank=1), [Shard(1)], (3, 1), torch.int64)
     lay = _op("amax").infer_layout(_call("amax", "torch.amax", [y], ["input"], {"dim": 1}))
     assert list(lay.outputs[0]) == [Partial("max")] and isinstance(lay.impl, _ExtremumPadded)
-    y0 = _spec(DeviceMesh.abstract((2,), rank=0), [Shard(1)], (3, 1))
+    y0 = _spec(DeviceMesh.abstract((2,), rank=0), [Shard(1)], (3, 1), torch.int64)
     lay0 = _op("amax").infer_layout(_call("amax", "torch.amax", [y0], ["input"], {"dim": 1}))
     assert lay0.impl is None
+    # a floating one gets the kernel with torch's gradient for ties across ranks (padding
+    # the empty shard too); an abstract mesh has no process groups
+    f1 = _spec(DeviceMesh.abstract((2,), rank=1), [Shard(1)], (3, 1))
+    lay = _op("amax").infer_layout(_call("amax", "torch.amax", [f1], ["input"], {"dim": 1}))
+    assert list(lay.outputs[0]) == [Partial("max")] and isinstance(lay.impl, ExactExtremum)
+    assert lay.impl.pad_dims == (1,) and lay.impl.groups == ()
     # sum: no kernel needed; a kept shard moves with keepdim=False
     z = _spec(MESH, [Shard(1)], (5, 3))
     lay = _op("sum").infer_layout(_call("sum", "torch.sum", [z], ["input"], {"dim": 0}))

@@ -728,3 +728,4 @@ for _aten, _m in (
 
 
 from . import dispatch as _dm  # noqa: E402  (dispatch imports this module's class)
+from . import inplace_views as _inplace_views  # noqa: E402,F401  (registers its handlers)
