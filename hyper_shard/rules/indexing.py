@@ -1,5 +1,5 @@
 """Indexing: ``Tensor.__getitem__``, ``Tensor.__setitem__``, index_select, gather, scatter,
-scatter_add, scatter_reduce, index_add/index_copy/index_fill and the strided slice ``StridedSlice(input, begin, end, strides, begin_mask,
+scatter_add and the strided slice ``StridedSlice(input, begin, end, strides, begin_mask,
 end_mask, ellipsis_mask, new_axis_mask, shrink_axis_mask)`` (``rule: index``, ``kind:``
 picks the op).
 
@@ -450,100 +450,6 @@ class IndexOp(PlannedOp):
         strategies = keep_strategies(maps, 1, partials_of([x]), [True, False])
         return OpPlan([idx.shape], strategies)
 
-    @_KINDS.kind("index_add", ("input", "dim", "index", "source", "alpha"), ("dim",))
-    @_KINDS.kind("index_copy", ("input", "dim", "index", "source"), ("dim",))
-    @_KINDS.kind("index_fill", ("input", "dim", "index", "value"), ("dim",))
-    def _plan_index_update(self, call: OpCall) -> OpPlan:
-        """index_add / index_copy / index_fill (as torch): rows ``index`` of ``dim`` are
-        updated, so ``dim`` is gathered in input and source and the index is Replicate; the
-        other dims keep their shards where input and source agree. ``Partial`` passes when
-        input and source are both partial (index_add: sum/avg, it is linear; index_copy: any
-        op, it only moves elements); index_fill's value would be counted once per rank."""
-        x = call.specs[0]
-        dim = self._dim(call, x.ndim) if x.ndim else 0
-        src = self._index_spec(call, "source")
-        keep = {
-            k: k
-            for k in range(x.ndim)
-            if k != dim and (src is None or (src.ndim == x.ndim and src.shape[k] == x.shape[k]))
-        }
-        roles = call.arg_roles
-        maps: list[dict[int, int] | None] = [
-            keep if r in ("input", "source") else None for r in roles
-        ]
-        partials: list[Partial] = []
-        kind = self.params.kind
-        if src is not None and kind in ("index_add", "index_copy"):
-            ops = ("sum", "avg") if kind == "index_add" else None
-            partials = [p for p in partials_of([x]) if ops is None or p.reduce_op in ops]
-        flags = [r in ("input", "source") for r in roles]
-        return OpPlan([x.shape], keep_strategies(maps, 1, partials, flags))
-
-    @_KINDS.kind("select_scatter", ("input", "src", "dim", "index"), ("dim", "index"))
-    @_KINDS.kind(
-        "slice_scatter",
-        ("input", "src", "dim", "start", "end", "step"),
-        ("dim", "start", "end", "step"),
-    )
-    def _plan_embed(self, call: OpCall) -> OpPlan:
-        """select_scatter / slice_scatter (as torch): ``src`` replaces one index / a slice
-        of ``dim``, which is gathered in the input; the other dims keep their shards in
-        input and src alike. Partial input and src pass (the op only moves elements)."""
-        x = self._index_spec(call, "input")
-        src = self._index_spec(call, "src")
-        if x is None:
-            raise ShardingError(f"{call.describe()}: the input must be a DTensor")
-        dim = normalize_dim(as_int(call.static.get("dim", 0), "dim"), x.ndim, "dim")
-        dropped = self.params.kind == "select_scatter"
-        keep = {k: k for k in range(x.ndim) if k != dim}
-        src_map = {(k - 1 if dropped and k > dim else k): k for k in keep}
-        maps = [keep if r == "input" else src_map for r in call.arg_roles]
-        if src is not None and src.ndim != len(src_map) + (0 if dropped else 1):
-            maps = [keep if r == "input" else None for r in call.arg_roles]
-        partials = partials_of([x]) if src is not None else []
-        return OpPlan([x.shape], keep_strategies(maps, 1, partials))
-
-    @_KINDS.kind("take", ("input", "index"), ())
-    def _plan_take(self, call: OpCall) -> OpPlan:
-        """torch.take: flat indices into the whole input (gathered); the output has the
-        index's shape and keeps its shards; Partial input passes (a selection)."""
-        idx = self._index_spec(call)
-        if idx is None:
-            raise ShardingError(f"{call.describe()}: take needs its index as a DTensor")
-        maps = [None if r == "input" else {k: k for k in range(idx.ndim)} for r in call.arg_roles]
-        x = self._index_spec(call, "input")
-        partials = partials_of([x]) if x is not None else []
-        return OpPlan(
-            [idx.shape], keep_strategies(maps, 1, partials, [r == "input" for r in call.arg_roles])
-        )
-
-    @_KINDS.kind(
-        "searchsorted",
-        ("sorted_sequence", "input", "out_int32", "right", "side", "sorter"),
-        ("out_int32", "right", "side"),
-    )
-    def _plan_searchsorted(self, call: OpCall) -> OpPlan:
-        """torch.searchsorted: the output has the values' shape. A 1-d sorted sequence (and
-        sorter) is Replicate and the values keep every shard; an N-d one is searched row by
-        row, so its leading dims may be sharded together with the values'."""
-        seq = self._index_spec(call, "sorted_sequence")
-        vals = self._index_spec(call, "input")
-        if vals is None:  # a python scalar: a 0-d result
-            return OpPlan([()], [])
-        lead = 0 if seq is None or seq.ndim <= 1 else seq.ndim - 1
-        maps: list[dict[int, int] | None] = []
-        for r in call.arg_roles:
-            if r == "input":
-                maps.append({k: k for k in range(vals.ndim if lead == 0 else lead)})
-            else:
-                maps.append({k: k for k in range(lead)} if lead else None)
-        return OpPlan([vals.shape], keep_strategies(maps, 1))
-
-    @_KINDS.kind(
-        "scatter_reduce",
-        ("input", "dim", "index", "src", "reduce", "include_self"),
-        ("dim", "reduce", "include_self"),
-    )
     @_KINDS.kind("scatter_add", ("input", "dim", "index", "src"), ("dim",))
     @_KINDS.kind("scatter", ("input", "dim", "index", "src", "reduce"), ("dim", "reduce"))
     def _plan_scatter(self, call: OpCall) -> OpPlan:

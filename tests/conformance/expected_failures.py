@@ -31,16 +31,6 @@ _SCATTER_INPLACE = XFail(
     variant=r"^Tensor\.scatter(_add)?_$",
 )
 
-_INDEX_INPLACE = XFail(
-    "not supported (tensor_ops `index_add`/`index_copy`/`index_fill`/`scatter_reduce`): the "
-    "in-place form on a target sharded on the dim it writes (or Partial, where the op cannot "
-    "keep it) raises a clear ShardingError ('redistribute it first'): the rows it writes "
-    "depend on the index values; the out-of-place form gathers that dim",
-    msg=r"ShardingError: .*no sharding of the inputs fits "
-    r"Tensor\.(index_add|index_copy|index_fill|scatter_reduce)_",
-    variant=r"^Tensor\.(index_add|index_copy|index_fill|scatter_reduce)_$",
-)
-
 _CONV_SPATIAL = XFail(
     "by design (issue 12): an input sharded on a spatial dim would need a halo exchange of "
     "the neighbouring rows, which hyper_shard does not implement; the call raises a "
@@ -61,15 +51,6 @@ XFAILS: dict[str, list[XFail]] = {
             "conv_transpose3d",
         )
     },  # fmt: skip
-    **{
-        name: [_INDEX_INPLACE]
-        for name in (
-            "index_add",
-            "index_copy",
-            "index_fill",
-            *(f"scatter_reduce.{r}" for r in ("sum", "prod", "mean", "amin", "amax")),
-        )
-    },
     "scatter": [_SCATTER_INPLACE],
     "scatter_add": [_SCATTER_INPLACE],
     "repeat_interleave": [
