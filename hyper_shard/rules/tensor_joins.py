@@ -66,7 +66,9 @@ def _stack_plan(op: Any, call: OpCall, how: str, dim_of: Any) -> OpPlan:
     ndim = len(lifted[0][0])
     dim = dim_of(ndim)
     for shp, _ in lifted:
-        if len(shp) != ndim or any(a != b for k, (a, b) in enumerate(zip(shp, lifted[0][0])) if k != dim):
+        if len(shp) != ndim or any(
+            a != b for k, (a, b) in enumerate(zip(shp, lifted[0][0])) if k != dim
+        ):
             raise ValueError(
                 f"{op.name}: sizes of tensors must match except in dimension {dim}; got "
                 f"{[list(s.shape) for s in specs]}"
@@ -151,7 +153,9 @@ def _plan_meshgrid(op: Any, call: OpCall, st: dict) -> OpPlan:
     for i, p in enumerate(pos):
         shape[p] = sizes[i]
     maps = [{0: pos[i]} if s.ndim else None for i, s in enumerate(specs)]
-    return OpPlan([tuple(shape)] * len(specs), keep_strategies(maps, len(specs), partials_of(specs)))
+    return OpPlan(
+        [tuple(shape)] * len(specs), keep_strategies(maps, len(specs), partials_of(specs))
+    )
 
 
 @_KINDS.kind("cartesian_prod", ("*tensors",), ())

@@ -40,7 +40,9 @@ def tensor_split_pieces(extent: int, arg: Any) -> tuple[list[int], list[int]]:
         starts, sizes = [], []
         for lo, hi in zip([0, *bounds], [*bounds, extent]):
             r = range(extent)[lo:hi]
-            starts.append(r.start if len(r) else min(max(lo if lo >= 0 else lo + extent, 0), extent))
+            starts.append(
+                r.start if len(r) else min(max(lo if lo >= 0 else lo + extent, 0), extent)
+            )
             sizes.append(len(r))
         return starts, sizes
     n = as_int(arg, "sections")
