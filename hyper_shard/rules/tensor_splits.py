@@ -48,9 +48,9 @@ def tensor_split_pieces(extent: int, arg: Any) -> tuple[list[int], list[int]]:
     n = as_int(arg, "sections")
     if n <= 0:
         raise ValueError(f"number of sections must be larger than 0, got {n}")
-    q, r = divmod(extent, n)
-    sizes = [q + 1] * r + [q] * (n - r)
-    return [sum(sizes[:i]) for i in range(n)], sizes
+    q, rem = divmod(extent, n)
+    even = [q + 1] * rem + [q] * (n - rem)
+    return [sum(even[:i]) for i in range(n)], even
 
 
 def _pieces_arg(op: Any, call: OpCall, st: dict) -> Any:

@@ -134,7 +134,8 @@ def bound_variants(op: Any) -> list[Variant]:
     counts as that callable: the variant *calls* the lambda (the OpInfo's samples are made
     for it: einsum's operand list, embedding's swapped arguments) and reports the bound
     callable's registry name. It comes last when the entry has other bound variants (they
-    keep the first variant's combination budget, :data:`MAX_COMBOS`)."""
+    keep the first variant's combination budget, :data:`MAX_COMBOS`), and is left out when
+    it wraps one of them (``sum_to_size``'s lambda calls its method variant)."""
     table = bound_table()
     out: list[Variant] = []
     seen: set[int] = set()
@@ -150,7 +151,7 @@ def bound_variants(op: Any) -> list[Variant]:
             out.append(Variant(kind, fn, bound.name))
     if op.op is not None and id(op.op) not in seen:
         wrapped = _named_callable(op)
-        if wrapped is not None:
+        if wrapped is not None and not any(wrapped == v.fn for v in out):
             out.append(Variant("op", op.op, table[wrapped].name))
     return out
 
