@@ -97,6 +97,16 @@ XFAILS: dict[str, list[XFail]] = {
             sample=r"^T\[1?\],",
         )
     ],
+    "nn.functional.gaussian_nll_loss": [
+        XFail(
+            "by design (rule: composite): the loss clamps var in place (var.clone().clamp_(min="
+            "eps) under no_grad); on a Partial var that in-place clamp is refused (a clamp of "
+            "the parts is not the clamp of their sum) with a ShardingError naming the fix "
+            "(redistribute var to Replicate first)",
+            msg=r"ShardingError: Tensor\.clamp_\(.*in-place",
+            combo=r"^[^;]*;[^;]*; [^;]*P",
+        )
+    ],
     "nn.functional.one_hot": [
         XFail(
             "by design: num_classes=-1 sizes the output by the largest value (data-dependent); "
