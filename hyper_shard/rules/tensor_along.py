@@ -52,20 +52,25 @@ from .tensor_ops import _KINDS, _pick
 __all__ = ["nonempty_shards"]
 
 
-def nonempty_shards(call: OpCall) -> Callable[[tuple, tuple], bool]:
+def nonempty_shards(
+    call: OpCall, dims: Callable[[int], bool] | None = None
+) -> Callable[[tuple, tuple], bool]:
     """A search ``accept`` refusing input placements that leave some rank an empty local
-    shard of a non-empty input (kernels such as ``quantile`` refuse an empty input, and
-    ``pixel_shuffle``'s backward breaks on an empty batch): such inputs are gathered."""
+    shard of a non-empty dim (kernels such as ``quantile`` and the pools refuse an empty
+    input, and ``pixel_shuffle``'s backward breaks on an empty batch): such inputs are
+    gathered. ``dims(d)`` picks the dims judged (default: all)."""
     shapes = [tuple(s.shape) for s in call.specs]
     mesh_shape = tuple(call.mesh.shape)
     coords = list(itertools.product(*(range(n) for n in mesh_shape)))
 
     def accept(ins: tuple, outs: tuple) -> bool:
         for shape, pl in zip(shapes, ins):
-            if pl is None or 0 in shape or not any(type(p) is Shard for p in pl):
+            if pl is None or not any(type(p) is Shard for p in pl):
                 continue
+            judged = [d for d, n in enumerate(shape) if n > 0 and (dims is None or dims(d))]
             for c in coords:
-                if 0 in compute_local_shape_and_offset(shape, mesh_shape, pl, c)[0]:
+                local = compute_local_shape_and_offset(shape, mesh_shape, pl, c)[0]
+                if any(local[d] == 0 for d in judged):
                     return False
         return True
 
