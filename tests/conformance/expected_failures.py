@@ -55,7 +55,18 @@ _POOL_SPATIAL = XFail(
     msg=r"ShardingError: .*sharded on spatial dim .*pooling window .*halo exchange",
 )
 
+_RUNNING_STATS = XFail(
+    "by design: running_mean/running_var are updated in place where they are (a moved copy's "
+    "update would be lost), so they must share one placement (Replicate, or Shard(0) with the "
+    "channels) and may not be Partial (the parts' update is not the update of their sum); "
+    "other layouts raise a ShardingError naming the fix",
+    msg=r"ShardingError: .*(running_mean and running_var are updated in place|a Partial "
+    r"running_(mean|var) cannot be updated)",
+)
+
 XFAILS: dict[str, list[XFail]] = {
+    "nn.functional.batch_norm": [_RUNNING_STATS],
+    "nn.functional.instance_norm": [_RUNNING_STATS],
     **{
         f"nn.functional.{kind}_pool{n}d": [_POOL_SPATIAL]
         for kind in ("max", "avg", "adaptive_max", "adaptive_avg")
