@@ -23,6 +23,8 @@ kind                                      gathered dims                        P
 ``median`` / ``nanmedian`` / ``mode``     ``dim`` (every dim without one)      no
 ``quantile`` / ``nanquantile``            the reduced dims; ``q``'s dim kept   no
 ``sum_to_size(input, *size)``             none: a summed dim gives Partial     yes
+``prelu(input, weight)``                  none (a per-channel weight alike)    no
+``rrelu(input, ..., training)``           none; every dim in training          no
 ========================================  ===================================  ==========
 
 "yes": every ``Partial(op)`` input stays ``Partial(op)`` (the op only moves elements or is
@@ -413,3 +415,32 @@ def _plan_sum_to_size(op: Any, call: OpCall, st: dict) -> OpPlan:
         return layout
 
     return OpPlan([out_shape], strategies, local=local)
+
+
+@_KINDS.kind("prelu", ("input", "weight"), ())
+def _plan_prelu(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch.prelu(input, weight): elementwise, weight one slope per channel (input dim 1) or
+    # a single one; every input dim keeps its shard, the channel dim with the weight alike
+    roles = call.arg_roles
+    if roles != ["input", "weight"]:
+        raise ShardingError(f"{call.describe()}: prelu takes input and weight as DTensors")
+    x, w = call.specs
+    per_channel = w.ndim == 1 and w.shape[0] > 1 and x.ndim >= 2
+    if w.ndim == 1 and w.shape[0] > 1 and (x.ndim < 2 or x.shape[1] != w.shape[0]):
+        raise ValueError(
+            f"Mismatch of parameter numbers and input channel size. Found parameter numbers = "
+            f"{w.shape[0]} and channel size = {x.shape[1] if x.ndim >= 2 else 1}."
+        )
+    maps = [{d: d for d in range(x.ndim)}, {0: 1} if per_channel else None]
+    return OpPlan([x.shape], keep_strategies(maps, 1))
+
+
+@_KINDS.kind("rrelu", ("input", "lower", "upper", "training", "inplace"), ("training",))
+def _plan_rrelu(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # F.rrelu: elementwise in evaluation; in training every negative element draws its own
+    # slope from the generator, so the input is gathered and every rank draws the same
+    # global slopes (identical generator states, as the random rule's Replicate case)
+    spec = op._one(call)
+    if st.get("training"):
+        return OpPlan([spec.shape], [])
+    return OpPlan([spec.shape], keep_strategies([{d: d for d in range(spec.ndim)}], 1))
