@@ -21,7 +21,9 @@ which is the same code for every platform.
 Unregistered ops raise :class:`~hyper_shard.errors.OpNotRegisteredError` naming the op,
 the input placements and the YAML entry to add, unless the platform can decompose a
 composite function into registered ones, or ``hyper_shard.config.fallback = "replicate"``
-(gather the inputs, run the plain op, return Replicate DTensors; warns once per op).
+(gather the inputs, run the plain op, return Replicate DTensors; warns once per op). An
+entry whose rule runs the op as its parts (``rule: composite``) is decomposed the same way,
+by declaration.
 """
 
 from __future__ import annotations
@@ -189,6 +191,8 @@ class Dispatcher:
             return self._with_out(func, args, kwargs)
         if bound is None:
             return self._unregistered(func, args, kwargs)
+        if bound.op.runs_as_parts:
+            return self._as_parts(bound, func, args, kwargs)
         key, dts = bound.key(args, kwargs)
         dec = _CACHE.get(key)
         if dec is None and foreign_mesh(dts):  # DTensors of several meshes: cross_mesh.py
@@ -407,6 +411,25 @@ class Dispatcher:
         return args2, {k: sub(v) for k, v in kwargs.items()}
 
     # ------------------------------------------------------------------ unregistered
+    def _as_parts(self, bound: BoundOp, func: Any, args: tuple, kwargs: dict) -> Any:
+        """An entry declared ``rule: composite``: run the function's own body on the
+        DTensors, each inner op dispatching (the platform's ``decompose``).
+
+        Raises:
+            OpNotRegisteredError: the platform cannot decompose ``func`` (not a
+                Python-level function of the framework).
+        """
+        fn = self.decompose(func) if self.decompose is not None else None
+        name = self.name_of(func)
+        if fn is None:
+            raise OpNotRegisteredError(
+                f"{name}: entry {bound.op.name!r} says the op runs as its parts (rule: "
+                f"composite), but {self.platform.name} cannot run {name} on DTensors as its "
+                f"parts (it is not a Python-level function); give the entry a sharding rule"
+            )
+        with switches.decomposing(name):
+            return fn(*args, **kwargs)
+
     def _unregistered(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if self.decompose is not None:
             fn = self.decompose(func)

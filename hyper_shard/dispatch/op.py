@@ -238,6 +238,10 @@ class DistributedOp:
     #: input shard on the same mesh dims, so inputs with a shard order keep it and outputs
     #: inherit it; otherwise the rule decides on left-to-right specs (see dispatch/order.py)
     keeps_shard_order: ClassVar[bool] = False
+    #: the op has no layout of its own: the dispatcher runs the framework function's body on
+    #: the DTensors (the platform's ``decompose``) and each inner op dispatches
+    #: (``rule: composite``)
+    runs_as_parts: ClassVar[bool] = False
 
     def __init__(self, name: str, params: BaseModel | dict[str, Any] | None = None) -> None:
         self.name = name

@@ -55,6 +55,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import Field
+
 from ..dispatch.op import Binder, DistributedOp, Layout, OpCall
 from ..dispatch.search import SingleDimStrategy, search_strategy
 from ..errors import ShardingError
@@ -119,6 +121,8 @@ class ReductionParams(RuleParams):
     empty_dims: Literal["all", "none"] = "all"
     #: for max/min: the argument holding the second tensor of the elementwise form
     other_arg: str = "other"
+    #: tensors the op returns, all of the reduced shape (var_mean: 2; max(x, dim): always 2)
+    outputs: int = Field(default=1, ge=1)
 
 
 # ---------------------------------------------------------------------- pure shape logic
@@ -358,7 +362,10 @@ class ReductionOp(DistributedOp):
         if f.elementwise:
             return self._pw().output_shapes(call)
         shape = reduced_shape(call.specs[0].shape, f.dims, f.keepdim)
-        return [shape, shape] if f.indices else [shape]
+        return [shape] * self._n_out(f)
+
+    def _n_out(self, f: ReduceForm) -> int:
+        return 2 if f.indices else self.params.outputs
 
     def _pw(self) -> PointwiseOp:
         if self._pointwise is None:
@@ -391,7 +398,7 @@ class ReductionOp(DistributedOp):
         if f.elementwise:
             return self._pw().single_dim_strategies(call)
         spec = call.specs[0]
-        n_out = 2 if f.indices else 1
+        n_out = self._n_out(f)
         kept = kept_dim_map(spec.ndim, f.dims, f.keepdim)
         reduced = set(f.dims)
         out_op, keep_ops = self._partial_rule(call, f)
@@ -400,7 +407,7 @@ class ReductionOp(DistributedOp):
             if d in kept:
                 strategies.append(((Shard(kept[d]),) * n_out, (Shard(d),)))
             elif d in reduced and out_op is not None:
-                strategies.append(((Partial(out_op),), (Shard(d),)))
+                strategies.append(((Partial(out_op),) * n_out, (Shard(d),)))
         for op in keep_ops:
             strategies.append(((Partial(op),) * n_out, (Partial(op),)))
         return strategies
@@ -410,7 +417,7 @@ class ReductionOp(DistributedOp):
         if f.elementwise:
             return self._pw().infer_layout(call)
         strategies = self.single_dim_strategies(call)
-        n_out = 2 if f.indices else 1
+        n_out = self._n_out(f)
         res = search_strategy(call.specs, strategies, n_out, cost_model_for(call.mesh))
         layout = Layout(
             list(res.inputs), list(res.outputs), self.output_shapes(call), cost=res.cost

@@ -48,11 +48,14 @@ _KINDS = KindTable("tensor_op")
 class TensorOpParams(RuleParams):
     """``kind``: which op the entry is (see the module docstring). ``outputs``: how many
     tensors the op returns (``sort``: values and indices; ``argsort``: 1). ``linear``: a
-    ``scan`` that is linear in its input (``cumsum``), so ``Partial(sum)`` passes through."""
+    ``scan`` that is linear in its input (``cumsum``), so ``Partial(sum)`` passes through.
+    ``copies``: the op returns new tensors where its namesake returns views (the ``*_copy``
+    variants, ``unsafe_split``): in-place writes to a result never reach the input."""
 
     kind: str
     outputs: int = Field(default=1, ge=1)
     linear: bool = False
+    copies: bool = False
 
     @field_validator("kind")
     @classmethod
@@ -80,7 +83,10 @@ class TensorOp(PlannedOp):
         self.use_signature(k.signature, k.static)
 
     def plan(self, call: OpCall) -> OpPlan:
-        return _KINDS[self.params.kind].plan(self, call, call.static)
+        plan = _KINDS[self.params.kind].plan(self, call, call.static)
+        if self.params.copies:
+            plan.view = None
+        return plan
 
     # -- join ---------------------------------------------------------------------
     def _no_plain_members(self, call: OpCall) -> None:
@@ -144,7 +150,16 @@ class TensorOp(PlannedOp):
             )
         return call.specs[0]
 
-    def _split_plan(self, spec: Any, dim: int, sizes: list[int], drop: bool = False) -> OpPlan:
+    def _split_plan(
+        self,
+        spec: Any,
+        dim: int,
+        sizes: list[int],
+        drop: bool = False,
+        starts: list[int] | None = None,
+    ) -> OpPlan:
+        """Pieces of ``sizes`` along ``dim`` (consecutive, or at ``starts``); other dims keep
+        their shards; ``drop``: each piece loses the dim (unbind)."""
         shapes = []
         for n in sizes:
             s = list(spec.shape)
@@ -154,11 +169,11 @@ class TensorOp(PlannedOp):
                 s[dim] = n
             shapes.append(tuple(s))
         keep = {d: d - (drop and d > dim) for d in range(spec.ndim) if d != dim}
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        at = starts if starts is not None else [sum(sizes[:i]) for i in range(len(sizes))]
         lead = (slice(None),) * dim
 
         def index(i: int) -> tuple:  # piece i of the input, as a basic index
-            return (*lead, starts[i]) if drop else (*lead, slice(starts[i], starts[i] + sizes[i]))
+            return (*lead, at[i]) if drop else (*lead, slice(at[i], at[i] + sizes[i]))
 
         return OpPlan(
             shapes,

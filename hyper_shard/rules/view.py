@@ -92,9 +92,12 @@ LocalArgs = Callable[[tuple[int, ...]], tuple[dict[str, Any] | None, Callable | 
 
 
 class ViewParams(RuleParams):
-    """``kind``: which view op the entry is (see the module docstring)."""
+    """``kind``: which view op the entry is (see the module docstring). ``copies``: the op
+    returns a new tensor where its namesake returns a view (``permute_copy``,
+    ``view_copy``...): in-place writes to the result never reach the input."""
 
     kind: str
+    copies: bool = False
 
     @field_validator("kind")
     @classmethod
@@ -235,7 +238,7 @@ class ViewOp(DistributedOp):
             [res.outputs[0]],
             [out_shape],
             cost=res.cost,
-            view=None if self.params.kind == "contiguous" else _VIEW,
+            view=None if self.params.kind == "contiguous" or self.params.copies else _VIEW,
         )
         coord = mesh.get_coordinate()
         if plan.local is not None and coord is not None:

@@ -93,8 +93,55 @@ def bound_table() -> dict[Any, Any]:
     return build_torch_table(get_registry())
 
 
+def _code_names(code: Any) -> set[str]:
+    """Every global and attribute name a code object (and the lambdas inside it) uses."""
+    out = set(code.co_names)
+    for c in code.co_consts:
+        if hasattr(c, "co_names"):
+            out |= _code_names(c)
+    return out
+
+
+def _named_callable(op: Any) -> Any:
+    """The torch callable an entry whose ``op.op`` is a lambda wraps (``einsum``:
+    ``lambda tensors, equation: torch.einsum(equation, tensors)``; ``T``: ``lambda x: x.T``;
+    ``nn.functional.embedding`` with its arguments swapped...), or None.
+
+    The entry's ``name`` and ``aten_name`` are resolved as ``torch.NAME``, ``Tensor.NAME``
+    and the property ``Tensor.NAME.__get__``; a candidate counts only if the lambda's code
+    uses its last name (so a lambda that calls something else is never credited to it)."""
+    from hyper_shard.platform.torch.names import resolve_torch_op
+
+    fn = op.op
+    code = getattr(fn, "__code__", None)
+    if code is None or getattr(fn, "__name__", "") != "<lambda>":
+        return None
+    used = _code_names(code)
+    for name in dict.fromkeys(n for n in (op.name, op.aten_name) if n):
+        if name.split(".")[-1] not in used:
+            continue
+        for cand in (f"torch.{name}", f"Tensor.{name}", f"Tensor.{name}.__get__"):
+            try:
+                f = resolve_torch_op(cand)
+            except LookupError:
+                continue
+            try:
+                if f in bound_table():
+                    return f
+            except TypeError:  # unhashable callable
+                continue
+    return None
+
+
 def bound_variants(op: Any) -> list[Variant]:
-    """The entry's callables bound in the registry (op, method, in-place; duplicates once)."""
+    """The entry's callables bound in the registry (op, method, in-place; duplicates once).
+
+    An ``op.op`` that is a lambda around a bound torch callable (:func:`_named_callable`)
+    counts as that callable: the variant *calls* the lambda (the OpInfo's samples are made
+    for it: einsum's operand list, embedding's swapped arguments) and reports the bound
+    callable's registry name. It comes last when the entry has other bound variants (they
+    keep the first variant's combination budget, :data:`MAX_COMBOS`), and is left out when
+    it wraps one of them (``sum_to_size``'s lambda calls its method variant)."""
     table = bound_table()
     out: list[Variant] = []
     seen: set[int] = set()
@@ -108,15 +155,20 @@ def bound_variants(op: Any) -> list[Variant]:
         if bound is not None:
             seen.add(id(fn))
             out.append(Variant(kind, fn, bound.name))
+    if op.op is not None and id(op.op) not in seen:
+        wrapped = _named_callable(op)
+        if wrapped is not None and not any(wrapped == v.fn for v in out):
+            out.append(Variant("op", op.op, table[wrapped].name))
     return out
 
 
 def family(op: Any) -> str:
     """The registry family (YAML file name without ``.yaml``) of the entry's first bound
     function."""
+    from hyper_shard.platform.torch.names import resolve_torch_op
     from hyper_shard.registry.registry import get_registry
 
-    bound = bound_table()[bound_variants(op)[0].fn]
+    bound = bound_table()[resolve_torch_op(bound_variants(op)[0].name)]
     entry = get_registry().entries.get(bound.op.name)
     return Path(str(entry.file)).stem if entry is not None else ""
 

@@ -31,6 +31,14 @@ _SCATTER_INPLACE = XFail(
     variant=r"^Tensor\.scatter(_add)?_$",
 )
 
+_INDEX_INPLACE = XFail(
+    "not supported, as scatter_: the in-place form on a target sharded on the indexed dim "
+    "raises a clear ShardingError ('redistribute it first'): the rows it writes depend on the "
+    "index values, and the index and source are not aligned with the target's shards",
+    msg=r"ShardingError: .*no sharding of the inputs fits Tensor\.(index_\w+|scatter_reduce)_ ",
+    variant=r"^Tensor\.(index_\w+|scatter_reduce)_$",
+)
+
 _CONV_SPATIAL = XFail(
     "by design (issue 12): an input sharded on a spatial dim would need a halo exchange of "
     "the neighbouring rows, which hyper_shard does not implement; the call raises a "
@@ -39,7 +47,49 @@ _CONV_SPATIAL = XFail(
     msg=r"ShardingError: .*sharded on spatial dim .*halo exchange",
 )
 
+_POOL_SPATIAL = XFail(
+    "by design, as convolutions: an input sharded on a spatial dim would need the "
+    "neighbouring rows of each window (a halo exchange; an adaptive window may span the dim), "
+    "which hyper_shard does not implement; the call raises a ShardingError naming the dim and "
+    "the fix (shard the batch or channels, or redistribute that dim to Replicate)",
+    msg=r"ShardingError: .*sharded on spatial dim .*pooling window .*halo exchange",
+)
+
+_RUNNING_STATS = XFail(
+    "by design: running_mean/running_var are updated in place where they are (a moved copy's "
+    "update would be lost), so they must share one placement (Replicate, or Shard(0) with the "
+    "channels) and may not be Partial (the parts' update is not the update of their sum); "
+    "other layouts raise a ShardingError naming the fix",
+    msg=r"ShardingError: .*(running_mean and running_var are updated in place|a Partial "
+    r"running_(mean|var) cannot be updated)",
+)
+
+_DATA_DEPENDENT = XFail(
+    "by design (rule: data_dependent): the output shape depends on the values, which a "
+    "sharding decision cannot know (PyTorch DTensor cannot either); hyper_shard raises a "
+    "ShardingError naming the same-shape alternative or x.full_tensor()",
+    msg=r"ShardingError: .*the output shape depends on the values",
+)
+
 XFAILS: dict[str, list[XFail]] = {
+    **{
+        k: [_DATA_DEPENDENT]
+        for k in (
+            "nonzero",
+            "argwhere",
+            "masked_select",
+            "unique",
+            "unique_consecutive",
+            "bincount",
+        )
+    },
+    "nn.functional.batch_norm": [_RUNNING_STATS],
+    "nn.functional.instance_norm": [_RUNNING_STATS],
+    **{
+        f"nn.functional.{kind}_pool{n}d": [_POOL_SPATIAL]
+        for kind in ("max", "avg", "adaptive_max", "adaptive_avg")
+        for n in (1, 2, 3)
+    },
     **{
         f"nn.functional.{name}": [_CONV_SPATIAL]
         for name in (
@@ -51,6 +101,23 @@ XFAILS: dict[str, list[XFail]] = {
             "conv_transpose3d",
         )
     },  # fmt: skip
+    **{
+        k: [_INDEX_INPLACE]
+        for k in (
+            "index_add",
+            "index_copy",
+            "index_fill",
+            "index_reduce.mean",
+            "index_reduce.prod",
+            "index_reduce.amax",
+            "index_reduce.amin",
+            "scatter_reduce.sum",
+            "scatter_reduce.prod",
+            "scatter_reduce.mean",
+            "scatter_reduce.amax",
+            "scatter_reduce.amin",
+        )
+    },  # fmt: skip
     "scatter": [_SCATTER_INPLACE],
     "scatter_add": [_SCATTER_INPLACE],
     "repeat_interleave": [
@@ -59,6 +126,51 @@ XFAILS: dict[str, list[XFail]] = {
             "values); hyper_shard raises a ShardingError suggesting an int repeats or full "
             "tensors",
             msg=r"ShardingError: .*tensor `repeats`",
+        )
+    ],
+    "addbmm": [
+        XFail(
+            "by design: torch's Tensor.addbmm_ resizes a broadcastable self of shape (1,) or () "
+            "to the (m, n) result (a quirk of its kernel; addmv_ and addr_ refuse the same "
+            "call); a DTensor's in-place op keeps its target's shape and raises a ShardingError "
+            "naming the out-of-place op",
+            msg=r"ShardingError: .*in-place",
+            variant=r"^Tensor\.addbmm_$",
+            sample=r"^T\[1?\],",
+        )
+    ],
+    "nn.functional.gaussian_nll_loss": [
+        XFail(
+            "by design (rule: composite): the loss clamps var in place (var.clone().clamp_(min="
+            "eps) under no_grad); on a Partial var that in-place clamp is refused (a clamp of "
+            "the parts is not the clamp of their sum) with a ShardingError naming the fix "
+            "(redistribute var to Replicate first)",
+            msg=r"ShardingError: Tensor\.clamp_\(.*in-place",
+            combo=r"^[^;]*;[^;]*; [^;]*P",
+        )
+    ],
+    "nn.functional.one_hot": [
+        XFail(
+            "by design: num_classes=-1 sizes the output by the largest value (data-dependent); "
+            "hyper_shard raises a ShardingError asking for num_classes",
+            msg=r"ShardingError: .*num_classes=-1",
+            sample=r"num_classes=-1",
+        )
+    ],
+    "renorm": [
+        XFail(
+            "not supported, as PyTorch DTensor: Tensor.renorm_ on a target sharded on a dim the "
+            "norm runs over (or Partial) would have to move the target; it raises a "
+            "ShardingError naming the fix (redistribute it first, or the out-of-place op)",
+            msg=r"ShardingError: .*no sharding of the inputs fits Tensor\.renorm_",
+            variant=r"^Tensor\.renorm_$",
+        )
+    ],
+    "tensor_split": [
+        XFail(
+            "by design: a tensor of split indices gives piece sizes that depend on its values; "
+            "hyper_shard raises a ShardingError suggesting python ints (indices.tolist())",
+            msg=r"ShardingError: .*a tensor of split indices",
         )
     ],
     "__getitem__": [

@@ -1,0 +1,227 @@
+"""More ``rule: tensor_op`` kinds: lookups of values in other tensors — ``take``,
+``take_along_dim``, ``searchsorted``, ``bucketize``, ``isin``, ``embedding_bag`` — and
+pairwise distances and moments (``cdist``, ``pdist``, ``cov``, ``corrcoef``) (semantics as the torch
+functions of the same names; the local call is the op itself on the local shards).
+
+* ``take(input, index)`` reads the flattened input: ``input`` is gathered, ``index`` keeps
+  its shards (the output has its shape); a ``Partial`` input passes through (selection);
+* ``take_along_dim(input, indices, dim)``: ``input`` is gathered along ``dim``; the other
+  dims keep their shards where input and indices hold them at full size (broadcast ones
+  Replicate); ``indices`` may stay sharded along ``dim`` (the output follows it); without
+  ``dim`` both are flattened and gathered;
+* ``searchsorted(sorted_sequence, input)``, ``bucketize(input, boundaries)``,
+  ``isin(elements, test_elements)`` are elementwise in the values looked up (they keep
+  every shard) with the table Replicate; an N-D ``sorted_sequence`` (and its ``sorter``)
+  shares its leading dims with ``input``, which may stay sharded on both. The outputs are
+  integers or bools: no ``Partial``;
+* ``embedding_bag`` keeps a weight column shard (the output's last dim), a batch shard of a
+  2-d input of bags, and a weight ``Partial`` for ``sum``/``mean``; ``cdist`` keeps batch
+  shards and each point set's own dim (the distance's feature dim is gathered); ``pdist``,
+  ``cov`` and ``corrcoef`` pair every row with every other: their inputs are gathered.
+
+Framework-neutral: nothing here imports a platform.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..dispatch.op import OpCall
+from ..errors import ShardingError
+from ._util import R, broadcast_shapes, normalize_dim
+from .planned import OpPlan, as_int, keep_strategies, partials_of
+from .tensor_ops import _KINDS
+
+__all__: list[str] = []
+
+
+def _role(call: OpCall, name: str) -> Any:
+    for r, s in zip(call.arg_roles, call.specs):
+        if r == name:
+            return s
+    return None
+
+
+@_KINDS.kind("take", ("input", "index"), ())
+def _plan_take(op: Any, call: OpCall, st: dict) -> OpPlan:
+    x, idx = _role(call, "input"), _role(call, "index")
+    if x is None or idx is None:
+        raise ShardingError(f"{call.describe()}: take needs input and index as DTensors")
+    maps = [None if r == "input" else {d: d for d in range(idx.ndim)} for r in call.arg_roles]
+    flags = [r == "input" for r in call.arg_roles]
+    return OpPlan([idx.shape], keep_strategies(maps, 1, partials_of([x]), flags))
+
+
+@_KINDS.kind("take_along_dim", ("input", "indices", "dim"), ("dim",))
+def _plan_take_along_dim(op: Any, call: OpCall, st: dict) -> OpPlan:
+    x, idx = _role(call, "input"), _role(call, "indices")
+    if x is None or idx is None:
+        raise ShardingError(
+            f"{call.describe()}: take_along_dim needs input and indices as DTensors"
+        )
+    flags = [r == "input" for r in call.arg_roles]
+    parts = partials_of([x])
+    if st.get("dim") is None:
+        maps: list[dict[int, int] | None] = [None] * len(call.specs)
+        return OpPlan([(math.prod(idx.shape),)], keep_strategies(maps, 1, parts, flags))
+    if x.ndim != idx.ndim:
+        raise ValueError(
+            f"torch.take_along_dim(): input and indices should have the same number of "
+            f"dimensions, but got {x.ndim} dimensions for input, and {idx.ndim} dimensions for "
+            f"indices"
+        )
+    dim = normalize_dim(as_int(st["dim"], "dim"), x.ndim, "dim")
+    out = []
+    for d, (a, b) in enumerate(zip(x.shape, idx.shape)):
+        if d == dim:
+            out.append(b)
+        elif a != b and 1 not in (a, b):
+            raise ValueError(
+                f"take_along_dim: shapes {list(x.shape)} and {list(idx.shape)} do not broadcast"
+            )
+        else:
+            out.append(b if a == 1 else a)
+    mx = {d: d for d in range(x.ndim) if d != dim and x.shape[d] == out[d]}
+    mi = {d: d for d in range(idx.ndim) if idx.shape[d] == out[d]}
+    maps = [mx if r == "input" else mi for r in call.arg_roles]
+    return OpPlan([tuple(out)], keep_strategies(maps, 1, parts, flags))
+
+
+def _elementwise_lookup(call: OpCall, values: str) -> OpPlan:
+    v = _role(call, values)
+    if v is None:  # a python-scalar value: a 0-d result
+        return OpPlan([()], [])
+    maps = [{d: d for d in range(v.ndim)} if r == values else None for r in call.arg_roles]
+    return OpPlan([v.shape], keep_strategies(maps, 1))
+
+
+@_KINDS.kind(
+    "searchsorted", ("sorted_sequence", "input", "out_int32", "right", "side", "sorter"), ()
+)
+def _plan_searchsorted(op: Any, call: OpCall, st: dict) -> OpPlan:
+    seq, v = _role(call, "sorted_sequence"), _role(call, "input")
+    if seq is None:
+        raise ShardingError(f"{call.describe()}: searchsorted needs sorted_sequence as a DTensor")
+    if v is None or seq.ndim <= 1:
+        return _elementwise_lookup(call, "input")
+    if v.ndim != seq.ndim or tuple(v.shape[:-1]) != tuple(seq.shape[:-1]):
+        raise ValueError(
+            f"torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 "
+            f"dimensions of boundaries tensor and input value tensor must match, but we got "
+            f"boundaries tensor {list(seq.shape)} and input value tensor {list(v.shape)}"
+        )
+    lead = {d: d for d in range(seq.ndim - 1)}
+    maps = [{**lead, v.ndim - 1: v.ndim - 1} if r == "input" else lead for r in call.arg_roles]
+    return OpPlan([v.shape], keep_strategies(maps, 1))
+
+
+@_KINDS.kind("bucketize", ("input", "boundaries", "out_int32", "right"), ())
+def _plan_bucketize(op: Any, call: OpCall, st: dict) -> OpPlan:
+    b = _role(call, "boundaries")
+    if b is not None and b.ndim != 1:
+        raise ValueError(f"boundaries tensor must be 1 dimension, but got dim({b.ndim})")
+    return _elementwise_lookup(call, "input")
+
+
+@_KINDS.kind("isin", ("elements", "test_elements", "assume_unique", "invert"), ())
+def _plan_isin(op: Any, call: OpCall, st: dict) -> OpPlan:
+    return _elementwise_lookup(call, "elements")
+
+
+_BAG_SIG = (
+    "input", "weight", "offsets", "max_norm", "norm_type", "scale_grad_by_freq", "mode",
+    "sparse", "per_sample_weights", "include_last_offset", "padding_idx",
+)  # fmt: skip
+
+
+@_KINDS.kind("embedding_bag", _BAG_SIG, ("max_norm", "mode", "include_last_offset"))
+def _plan_embedding_bag(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # F.embedding_bag: a weight column shard (dim 1) shards the output's last dim; a 2-d
+    # input of bags (B, n) keeps a batch shard (its per_sample_weights alike); sum/mean are
+    # linear in the weight (Partial passes); max_norm renormalises whole weight rows in
+    # place, so the weight must then be Replicate and stays where it is
+    x, w = _role(call, "input"), _role(call, "weight")
+    if x is None or w is None or w.ndim != 2:
+        raise ShardingError(
+            f"{call.describe()}: embedding_bag needs its input and a 2-d weight as DTensors"
+        )
+    mode = st.get("mode") or "mean"
+    if x.ndim == 2:
+        bags = x.shape[0]
+    else:
+        offs = _role(call, "offsets")
+        if offs is None:
+            raise ShardingError(
+                f"{call.describe()}: a 1-d embedding_bag input needs offsets as a DTensor"
+            )
+        bags = offs.shape[0] - (1 if st.get("include_last_offset") else 0)
+    shape = (bags, w.shape[1])
+    renorm = st.get("max_norm") is not None
+    maps: list[dict[int, int] | None] = []
+    for r in call.arg_roles:
+        if r == "weight":
+            maps.append(None if renorm else {1: 1})
+        elif r in ("input", "per_sample_weights") and x.ndim == 2:
+            maps.append({0: 0})
+        else:
+            maps.append(None)
+    flags = [r == "weight" for r in call.arg_roles]
+    parts = [] if mode == "max" or renorm else partials_of([w])
+    plan = OpPlan([shape], keep_strategies(maps, 1, parts, flags))
+    if renorm:
+        if any(p != R for p in w.placements):
+            raise ShardingError(
+                f"{call.describe()}: max_norm renormalises the looked-up weight rows in place, "
+                f"which needs the whole rows on every rank: make the weight Replicate() first "
+                f"or drop max_norm"
+            )
+        plan.fixed = tuple(i for i, r in enumerate(call.arg_roles) if r == "weight")
+    return plan
+
+
+@_KINDS.kind("cdist", ("x1", "x2", "p", "compute_mode"), ())
+def _plan_cdist(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch.cdist(x1 (B.., P, M), x2 (B.., R, M)) -> (B.., P, R): batch dims broadcast and
+    # keep shards, P follows x1, R follows x2, M (the distance's sum) is gathered
+    a, b = _role(call, "x1"), _role(call, "x2")
+    if a is None or b is None or a.ndim < 2 or b.ndim < 2:
+        raise ShardingError(f"{call.describe()}: cdist needs x1 and x2 as DTensors of >= 2 dims")
+    if a.shape[-1] != b.shape[-1]:
+        raise ValueError(
+            f"X1 and X2 must have the same number of columns. X1: {a.shape[-1]} X2: {b.shape[-1]}"
+        )
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    n = len(batch)
+    shape = (*batch, a.shape[-2], b.shape[-2])
+    maps = []
+    for s, own in ((a, n), (b, n + 1)):
+        lead = n - (s.ndim - 2)
+        m = {k: k + lead for k in range(s.ndim - 2) if s.shape[k] == batch[k + lead]}
+        m[s.ndim - 2] = own
+        maps.append(m)
+    return OpPlan([shape], keep_strategies(maps, 1))
+
+
+def _whole(call: OpCall, shape: tuple[int, ...]) -> OpPlan:
+    return OpPlan([shape], keep_strategies([None] * len(call.specs), 1))
+
+
+@_KINDS.kind("pdist", ("input", "p"), ())
+def _plan_pdist(op: Any, call: OpCall, st: dict) -> OpPlan:
+    x = op._one(call)
+    if x.ndim != 2:
+        raise ValueError(f"pdist only supports 2D tensors, got: {x.ndim}D")
+    n = x.shape[0]
+    return _whole(call, (n * (n - 1) // 2,))
+
+
+@_KINDS.kind("cov", ("input", "correction", "fweights", "aweights"), ())
+@_KINDS.kind("corrcoef", ("input",), ())
+def _plan_cov(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch.cov / corrcoef: every variable pairs with every other over all observations
+    x = _role(call, "input")
+    if x is None or x.ndim > 2:
+        raise ValueError("cov(): expected input to have two or fewer dimensions")
+    n = x.shape[0] if x.ndim == 2 else 1
+    return _whole(call, (n, n) if n > 1 else ())
