@@ -101,6 +101,44 @@ def _np(t: torch.Tensor) -> Any:
         return t
 
 
+def partial_deferrable(spec: Any, ref: torch.Tensor) -> bool:
+    """True when a value with ``spec`` can be rebuilt by :func:`partial_value` from every
+    rank's local (its Partial reduce ops commute, a whole-world mesh, not bool)."""
+    import torch.distributed as dist
+
+    ops = {p.reduce_op for p in spec.placements if isinstance(p, Partial)}
+    return (
+        any(ops <= ok for ok in _ORDER_FREE)
+        and ref.dtype != torch.bool
+        and dist.is_initialized()
+        and dist.get_world_size() == spec.mesh.size()
+    )
+
+
+def partial_value(spec: Any, mine: Sequence[int], locals_: Sequence[tuple[Any, Any]]) -> Any:
+    """The reduced value of this rank's slice of a Partial DTensor with ``spec``, from the
+    (mesh coordinate, local tensor) pairs of every rank: the locals of the ranks that
+    differ from ``mine`` only on the Partial mesh dims, reduced by their reduce op."""
+    mesh = spec.mesh
+    pdims = [m for m, p in enumerate(spec.placements) if isinstance(p, Partial)]
+    group = [
+        torch.as_tensor(x)
+        for coord, x in locals_
+        if all(coord[m] == mine[m] for m in range(mesh.ndim) if m not in pdims)
+    ]
+    ops = {spec.placements[m].reduce_op for m in pdims}
+    stacked = torch.stack(group)
+    if ops <= {"sum", "avg"}:
+        value = stacked.sum(0)
+        n_avg = math.prod(mesh.shape[m] for m in pdims if spec.placements[m].reduce_op == "avg")
+        if n_avg > 1:
+            value = value / n_avg
+        return value
+    if ops == {"max"}:
+        return stacked.amax(0)
+    return stacked.amin(0)
+
+
 class Comparisons:
     """Value checks of DTensors against plain tensors, run together by :meth:`flush` (one
     per :func:`check_op` call, at its end).
@@ -130,16 +168,11 @@ class Comparisons:
         """Check (now or at :meth:`flush`) that ``dt``'s global value equals ``ref``."""
         spec = dt._spec
         assert tuple(spec.shape) == tuple(ref.shape), (what, tuple(spec.shape), tuple(ref.shape))
-        ops = {p.reduce_op for p in spec.placements if isinstance(p, Partial)}
-        if not ops:
+        if not any(isinstance(p, Partial) for p in spec.placements):
             off, ls = spec.global_offset(), spec.local_shape()
             want = ref[tuple(slice(o, o + n) for o, n in zip(off, ls))]
             self.pairs.append((what, dt.to_local().detach().clone(), want.detach()))
-        elif (
-            any(ops <= ok for ok in _ORDER_FREE)
-            and ref.dtype != torch.bool
-            and self.world == self.mesh.size()
-        ):
+        elif partial_deferrable(spec, ref):
             self.partial.append((what, dt.to_local().detach().clone(), spec, ref.detach()))
         else:
             self.pairs.append((what, dt.full_tensor().detach(), ref.detach()))
@@ -156,25 +189,7 @@ class Comparisons:
             assert len(locals_) == len(self.partial), "ranks checked different values"
             locals_[:] = [torch.as_tensor(x) for x in locals_]
         for i, (what, _, spec, ref) in enumerate(self.partial):
-            pdims = [m for m, p in enumerate(spec.placements) if isinstance(p, Partial)]
-            group = [
-                locals_[i]
-                for coord, locals_ in gathered
-                if all(coord[m] == mine[m] for m in range(mesh.ndim) if m not in pdims)
-            ]
-            ops = {spec.placements[m].reduce_op for m in pdims}
-            stacked = torch.stack(group)
-            if ops <= {"sum", "avg"}:
-                value = stacked.sum(0)
-                n_avg = math.prod(
-                    mesh.shape[m] for m in pdims if spec.placements[m].reduce_op == "avg"
-                )
-                if n_avg > 1:
-                    value = value / n_avg
-            elif ops == {"max"}:
-                value = stacked.amax(0)
-            else:
-                value = stacked.amin(0)
+            value = partial_value(spec, mine, [(c, locals_[i]) for c, locals_ in gathered])
             off, ls = spec.global_offset(), spec.local_shape()
             want = ref[tuple(slice(o, o + n) for o, n in zip(off, ls))]
             self.pairs.append((what, value, want))

@@ -74,8 +74,14 @@ def entry_key(op: Any) -> str:
 
 @functools.cache
 def _op_db() -> list[Any]:
+    from torch.testing._internal import common_utils
     from torch.testing._internal.common_methods_invocations import op_db
+    from torch.testing._internal.opinfo import core
 
+    # OpInfo's sample iterators look for the calling unittest method by walking the stack
+    # with source context (inspect.stack(): ~0.1 s per sample_inputs call). There is none
+    # here (the lookup returns None), so answer None at once: the samples are the same.
+    common_utils.extract_test_fn = core.extract_test_fn = lambda: None  # type: ignore[assignment]
     return list(op_db)
 
 

@@ -34,7 +34,7 @@ from torch.testing._comparison import default_tolerances
 from hyper_shard import DTensor, init_device_mesh
 from hyper_shard.errors import ShardingError
 from hyper_shard.placement import Partial
-from tests._helpers import _local_objective
+from tests._helpers import _local_objective, _np, partial_deferrable, partial_value
 
 from . import _cases as C
 from ._partial import dt_exact
@@ -156,13 +156,25 @@ def _run_combo(
     values: bool = True,
     ctx: Any = contextlib.nullcontext,
     refusable: bool = False,
+    pending: list[Any] | None = None,
 ) -> tuple[str, str, str]:
     """One placement combination: (status, phase, message); every rank agrees on the
     status of the forward and backward phases. Status ``retry``: every rank was told to
     use ``loss_parallel()`` (class-sharded logits of a loss). ``refusable``: the entry is
     declared in refusals.py (an in-place call on a Partial target may be refused)."""
     with ctx():
-        return _run_combo_in(v, s, ref, combo, mesh, tol, clone, values, refusable)
+        return _run_combo_in(
+            v,
+            s,
+            ref,
+            combo,
+            mesh,
+            tol,
+            clone,
+            values,
+            refusable,
+            [] if pending is None else pending,
+        )
 
 
 def _run_combo_in(
@@ -175,6 +187,7 @@ def _run_combo_in(
     clone: Any,
     values: bool,
     refusable: bool,
+    pending: list[Any],
 ) -> tuple[str, str, str]:
     plat = mesh.platform
     leaves = s.leaves
@@ -235,20 +248,70 @@ def _run_combo_in(
             return "fail", "backward", _msg(err) if err is not None else "failed on another rank"
 
     try:
-        with torch.no_grad():
-            full = [o.full_tensor() if isinstance(o, DTensor) else o for o in outs]
-            gfull = [
-                d.grad.full_tensor() if g is not None else None for d, g in zip(dts, ref.grads)
-            ]
-        for i, (a, r) in enumerate(zip(full, ref.outs)):
-            if values:
-                _close(a, r, tol, f"output {i}")
-        for i, (a, r) in enumerate(zip(gfull, ref.grads)):
-            if r is not None:
-                _close(a, r, tol, f"gradient of input {i}")
+        pairs = _compare_pairs(outs, dts, ref, values, pending)
+        for what, a, r in pairs:
+            _close(a, r, tol, what)
     except Exception as e:
         return "fail", "compare", _msg(e)
     return "pass", "", ""
+
+
+def _slice(ref: torch.Tensor, spec: Any) -> torch.Tensor:
+    off, ls = spec.global_offset(), spec.local_shape()
+    return ref[tuple(slice(o, o + n) for o, n in zip(off, ls))]
+
+
+def _compare_pairs(
+    outs: list[Any], dts: list[Any], ref: _Ref, values: bool, pending: list[Any]
+) -> list[tuple[str, Any, Any]]:
+    """The (what, actual, expected) pairs of one case, without a collective where
+    possible: a DTensor without Partial is compared shard by shard (this rank's local
+    against its slice of torch's value); a Partial one is put in ``pending`` (its locals
+    are exchanged once per entry, at the end of :func:`run_entry`); other Partial values
+    (reduce ops that do not commute) are gathered with ``full_tensor`` now. Every rank
+    makes the same collective calls here, before any comparison can fail."""
+    items: list[tuple[str, Any, Any]] = []
+    if values:
+        items += [(f"output {i}", o, r) for i, (o, r) in enumerate(zip(outs, ref.outs))]
+    items += [
+        (f"gradient of input {i}", d.grad, g)
+        for i, (d, g) in enumerate(zip(dts, ref.grads))
+        if g is not None
+    ]
+    pairs: list[tuple[str, Any, Any]] = []
+    with torch.no_grad():
+        for what, a, r in items:
+            if not (isinstance(a, DTensor) and isinstance(r, torch.Tensor)):
+                pairs.append((what, a, r))
+            elif not any(isinstance(p, Partial) for p in a._spec.placements):
+                pairs.append((what, a.to_local(), _slice(r, a._spec)))
+            elif partial_deferrable(a._spec, r):
+                pending.append((what, a.to_local().detach().clone(), a._spec, r))
+            else:
+                pairs.append((what, a.full_tensor(), r))
+    return pairs
+
+
+def _check_pending(
+    cases: list[dict[str, Any]], pending: dict[int, list[Any]], mesh: Any, tols: Any
+) -> None:
+    """Compare the Partial values of every case (see :func:`_compare_pairs`) after one
+    ``all_gather_object`` of their locals; a mismatch fails its case (phase ``compare``)."""
+    mine = tuple(mesh.get_coordinate())
+    local = {(ci, what): _np(x) for ci, items in pending.items() for what, x, _, _ in items}
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (mine, local))
+    for ci, items in pending.items():
+        for what, _, spec, r in items:
+            got = [(c, locs[(ci, what)]) for c, locs in gathered if (ci, what) in locs]
+            if len(got) != len(gathered):
+                continue  # the case failed on another rank before comparing
+            try:
+                _close(partial_value(spec, mine, got), _slice(r, spec), tols, what)
+            except Exception as e:
+                if cases[ci]["status"] == "pass":
+                    cases[ci].update(status="fail", phase="compare", msg=_msg(e))
+                break
 
 
 def _in_loss_parallel() -> bool:
@@ -288,6 +351,7 @@ def run_entry(rank: int, world: int, key: str) -> dict[str, Any]:
         s2 = C.sample_2d(chosen)
         chosen = [s2] if s2 is not None else []
     cases: list[dict[str, Any]] = []
+    pending: dict[int, list[Any]] = {}
     for s in chosen:
         for vi, v in enumerate(variants):
             grad = bool(op.supports_autograd) and (
@@ -305,14 +369,18 @@ def run_entry(rank: int, world: int, key: str) -> dict[str, Any]:
             chosen_combos, _ = C.combos(s.leaves, mesh.ndim, cap, seed)
             values = op.name not in C.VALUES_UNSPECIFIED
             for combo in chosen_combos:
+                todo: list[Any] = []
                 status, phase, msg = _run_combo(
-                    v, s, ref, combo, mesh, tol, clone, values, refusable=refusable
+                    v, s, ref, combo, mesh, tol, clone, values, refusable=refusable, pending=todo
                 )
                 lp = status == "retry"
                 if lp:  # the loss asks for loss_parallel(): run the combination inside it
+                    todo = []
                     status, phase, msg = _run_combo(
-                        v, s, ref, combo, mesh, tol, clone, values, _loss_parallel, refusable
+                        v, s, ref, combo, mesh, tol, clone, values, _loss_parallel, refusable, todo
                     )
+                if todo and status == "pass":
+                    pending[len(cases)] = todo
                 cases.append(
                     {
                         **base,
@@ -327,6 +395,7 @@ def run_entry(rank: int, world: int, key: str) -> dict[str, Any]:
                 )
             if ref.grad_note:
                 cases.append({**base, "status": "note", "msg": ref.grad_note})
+    _check_pending(cases, pending, mesh, tol)
     return {
         "key": key,
         "mesh": "x".join(str(n) for n in mesh.shape),
