@@ -14,11 +14,14 @@ call for three variants on the same local data (as ``bench_dispatch_mindspore.py
   ``__fallback__``-based DTensor);
 * ``hs``: hyper_shard DTensors (world of one, layout-cache hit).
 
-Instruction counts include MindSpore's worker threads (callgrind serialises them), so
-they carry a few percent of noise; CPU-cache effects (which make the wall-clock overhead
-larger) are not counted. Needs valgrind (Debian: ``valgrind``); one run takes ~5-15 min.
+Instruction counts include MindSpore's worker threads (callgrind serialises them; their
+polling adds a little noise); the cost of the measurement itself (an empty loop of the
+same length and the ``callgrind_control`` calls around it, ~1.5k instructions per call at
+1000 calls, ~12k at 100) is measured once and subtracted. CPU-cache effects (which make
+the wall-clock overhead larger) are not counted. Needs valgrind (Debian: ``valgrind``);
+one run takes ~10-15 min per tree.
 
-    python benchmarks/bench_dispatch_instructions_mindspore.py [--calls 100]
+    python benchmarks/bench_dispatch_instructions_mindspore.py [--calls 1000]
     python benchmarks/bench_dispatch_instructions_mindspore.py --tree OTHER_CHECKOUT
 """
 
@@ -79,7 +82,10 @@ pid = str(os.getpid())
 def cc(*a):
     subprocess.run(["callgrind_control", *a, pid], capture_output=True)
 
+ops.insert(0, ("empty loop", lambda: None))
 for name, *fns in ops:
+    if name == "empty loop":
+        fns = fns[:1]
     for f in fns:
         for _ in range(30):
             f()
@@ -112,18 +118,20 @@ def _run(tree: Path, n: int) -> dict[tuple[str, str], float]:
             check=False,
         )
         dumps = sorted(Path(d).glob("cg.out.*"), key=lambda p: int(p.suffix.lstrip(".") or 0))
-        want = len(OPS) * len(LIBS)
+        want = 1 + len(OPS) * len(LIBS)
         if proc.returncode != 0 or len(dumps) < want:
             raise RuntimeError(
                 f"callgrind run on {tree} gave {len(dumps)} of {want} dumps:\n{proc.stderr[-2000:]}"
             )
-        out = {}
-        keys = [(op, lib) for op in OPS for lib in LIBS]
-        for key, dump in zip(keys, dumps[:want]):
+        counts = []
+        for dump in dumps[:want]:
             m = re.search(r"^totals: (\d+)", dump.read_text(errors="ignore"), re.M)
             if m is None:
                 raise RuntimeError(f"no totals in {dump.name}")
-            out[key] = int(m.group(1)) / n
+            counts.append(int(m.group(1)) / n)
+        empty = counts[0]  # the measurement's own cost per call
+        keys = [(op, lib) for op in OPS for lib in LIBS]
+        out = {key: c - empty for key, c in zip(keys, counts[1:])}
     return out
 
 
@@ -131,7 +139,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--tree", type=Path, default=None, help="another checkout to compare")
     args = ap.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:

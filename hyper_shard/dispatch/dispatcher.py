@@ -121,7 +121,7 @@ class Dispatcher:
         self.wrap_outputs = wrap_outputs
         self.is_dtensor = is_dtensor
         self.decompose = decompose
-        self.dispatch = self._make_dispatch()
+        self.dispatch, self.dispatch_bound = self._make_dispatch()
 
     @property
     def platform(self) -> Any:
@@ -135,9 +135,11 @@ class Dispatcher:
         """Dispatch one call (the same path as :attr:`dispatch`)."""
         return self.dispatch(func, args, kwargs)
 
-    def _make_dispatch(self) -> Callable[[Any, tuple, dict], Any]:
-        # the hot path as a closure: its collaborators are cell variables, not attribute
-        # lookups on self (this function runs once per op call on DTensors)
+    def _make_dispatch(
+        self,
+    ) -> tuple[Callable[[Any, tuple, dict], Any], Callable[[BoundOp, Any, tuple, dict], Any]]:
+        # the hot path as closures: their collaborators are cell variables, not attribute
+        # lookups on self (these functions run once per op call on DTensors)
         bound_of, run_wrap, slow, execute = self.bound_of, self.run_wrap, self._slow, self.execute
         cache, stats, active = _CACHE, _STATS, switches.ACTIVE
 
@@ -155,7 +157,22 @@ class Dispatcher:
                     return execute(bound, func, args, kwargs, dts, dec)
             return slow(bound, func, args, kwargs)
 
-        return dispatch
+        def dispatch_bound(bound: BoundOp, func: Any, args: tuple, kwargs: dict) -> Any:
+            """:func:`dispatch` for a caller that already holds ``func``'s bound op (a
+            platform's own Python entry point, e.g. a hot Tensor method): the same path,
+            without the ``bound_of`` lookup."""
+            if not active.n and not (kwargs and "out" in kwargs):
+                key, dts = bound.key(args, kwargs)
+                dec = cache.get(key)
+                if dec is not None:
+                    stats["hits"] += 1
+                    cache.move_to_end(key)
+                    if dec.direct:
+                        return run_wrap(dec.impl or func, args, kwargs, dec)
+                    return execute(bound, func, args, kwargs, dts, dec)
+            return slow(bound, func, args, kwargs)
+
+        return dispatch, dispatch_bound
 
     def decide(self, func: Any, args: tuple, kwargs: dict) -> Decision:
         """The decision this call gets (looked up, or made and cached), without running it.

@@ -333,6 +333,7 @@ class Decision:
         "inplace",
         "direct",
         "out_specs",
+        "out0",
         "mesh",
         "cost",
         "layout",
@@ -386,6 +387,10 @@ class Decision:
         )
         #: (output index, dtype) -> output spec, made by :meth:`out_spec` on first use
         self.out_specs: dict[tuple[int, Any], DTensorSpec] = {}
+        #: (dtype, spec) of the last single-tensor result wrapped, for a platform's hot
+        #: path: it compares the result's dtype by identity (a dtype whose hash is costly,
+        #: such as MindSpore's, is then not hashed per call)
+        self.out0: tuple[Any, DTensorSpec] | None = None
         if call.inplace and self.outputs and self.outputs[0] is not None:
             if self.outputs[0] != call.specs[0].placements or (
                 self.shapes[0] is not None and tuple(self.shapes[0]) != call.specs[0].shape
@@ -505,8 +510,8 @@ class BoundOp:
             if ta is dt_type:
                 parts.append(a._spec._id)
                 dts.append(a)
-            elif ta in _SCALAR_SET and i not in sp:
-                parts.append(ta)
+            elif ta in _SCALAR_SET:  # never a DTensor: its value keys a static argument
+                parts.append(a if i in sp else ta)
             elif is_dt(a):
                 parts.append(a._spec._id)
                 dts.append(a)

@@ -81,18 +81,30 @@ def check_paths(rank: int, world: int) -> dict:
             )
         seen = []
         real = getattr(hooks_mod, attr)
+        # MindSpore's own Python entry points (hot Tensor methods, bound functions) enter
+        # the same path with their bound op already looked up (Dispatcher.dispatch_bound)
+        real_bound = getattr(hooks_mod, attr + "_bound", None)
 
         def recorder(func, args, kwargs):
             if not seen:
                 seen.append((func, args, kwargs))
             return real(func, args, kwargs)
 
+        def recorder_bound(bound, func, args, kwargs):
+            if not seen:
+                seen.append((func, args, kwargs))
+            return real_bound(bound, func, args, kwargs)
+
         clear_cache()
         setattr(hooks_mod, attr, recorder)
+        if real_bound is not None:
+            setattr(hooks_mod, attr + "_bound", recorder_bound)
         try:
             out_hook = call(*dts)
         finally:
             setattr(hooks_mod, attr, real)
+            if real_bound is not None:
+                setattr(hooks_mod, attr + "_bound", real_bound)
         func, args, kwargs = seen[0]
         before = cache_info()
         dec_hook = dispatcher.decide(func, args, kwargs)

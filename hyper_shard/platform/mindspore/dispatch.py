@@ -22,12 +22,12 @@ Primitives (``Inplace*``) write their result back into the target (on CPU, MindS
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
 from mindspore import Parameter, Tensor, ops
 from mindspore._c_expression import NoFallbackGuard
-from mindspore._c_expression import OpCall as _OpCall
 
 from ...dispatch.dispatcher import Dispatcher
 from ...dispatch.op import BoundOp, Decision, fmt_placements
@@ -113,16 +113,18 @@ def tensor_method(name: str) -> Any:
     fallback then dispatches the Primitive it picks)."""
     fn = getattr(Tensor, name)
     op = TensorMethod(f"Tensor.{name}", fn)
+    bound_name = op.name
 
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         """As the ``mindspore.Tensor`` method of this name, on the global tensor."""
-        # inside a local op that runs on the DTensors themselves (a Python-level overload
-        # such as fmod_scalar computing ``input - ...``) the method is the local one
-        if _LOCAL.depth or (op.name not in _TABLE and _lookup(op) is None):
+        bound = _TABLE.get(bound_name) or _lookup(op)  # _lookup: the first call, a reload
+        # inside a local op that runs on the DTensors themselves (a Parameter DTensor in a
+        # Python-level overload) the method is the local one
+        if bound is None or (_ANY_LOCAL[0] and _LOCAL.depth):
             return fn(self, *args, **kwargs)
         args = (self, *args)
         try:
-            return _dispatch(op, args, kwargs)
+            return _dispatch_bound(bound, op, args, kwargs)
         except RuntimeError as e:
             raise_kernel_error(e, op, args)
             raise
@@ -136,6 +138,10 @@ class _LocalDepth(threading.local):
 
 
 _LOCAL = _LocalDepth()
+#: how many local ops run on DTensor arguments in any thread: the hot methods read the
+#: (costlier) per-thread depth only while this is not 0
+_ANY_LOCAL = [0]
+_ANY_LOCK = threading.Lock()
 
 
 #: Primitive -> what to use instead, for kernels MindSpore 2.10 lacks on CPU
@@ -356,10 +362,16 @@ def _wrap_outputs(out: Any, dec: Decision) -> Any:
 
 
 def _run_on_aliases(fn: Any, args: tuple, kwargs: dict) -> Any:
-    """Run a Python-level function or Tensor method on plain local aliases of the DTensor
-    arguments. When every DTensor is a top-level argument (the common call) no DTensor
-    reaches a Primitive, so no ``NoFallbackGuard`` is needed; otherwise (a list of
-    DTensors, a Parameter DTensor, which stays itself) the guard is entered."""
+    """Run ``fn`` (a Primitive call, a Tensor method, a Python-level function) on plain
+    local aliases of the DTensor arguments, so that neither a Primitive nor a Python-level
+    overload (``Narrow`` is ``deprecated_tensor_narrow``, which reads ``input.shape``) ever
+    sees a DTensor and its global shape.
+
+    When every DTensor is a top-level argument (the common call; a tuple or list of
+    scalars, such as a shape, is fine) no DTensor reaches MindSpore, so no
+    ``NoFallbackGuard`` is needed (the guard costs more than an alias). Otherwise (a list
+    of DTensors, a Parameter DTensor, which stays itself) the local op runs under the
+    guard, and a DTensor's own methods called inside it are the local ones."""
     plain = []
     for a in args:
         t = type(a)
@@ -367,6 +379,14 @@ def _run_on_aliases(fn: Any, args: tuple, kwargs: dict) -> Any:
             plain.append(_alias(Tensor, a))
         elif t is Tensor or t in _SCALARS:
             plain.append(a)
+        elif t is tuple or t is list:
+            for x in a:
+                if type(x) not in _SCALARS:
+                    break
+            else:
+                plain.append(a)
+                continue
+            break
         else:
             break
     else:
@@ -378,39 +398,57 @@ def _run_on_aliases(fn: Any, args: tuple, kwargs: dict) -> Any:
         else:
             return fn(*plain, **kwargs)
     plain = [_plain(a) for a in args]
-    with NoFallbackGuard():
-        return fn(*plain, **{k: _plain(v) for k, v in kwargs.items()})
+    kw = {k: _plain(v) for k, v in kwargs.items()} if kwargs else {}
+    _LOCAL.depth += 1
+    with _ANY_LOCK:
+        _ANY_LOCAL[0] += 1
+    try:
+        with NoFallbackGuard():
+            return fn(*plain, **kw)
+    finally:
+        with _ANY_LOCK:
+            _ANY_LOCAL[0] -= 1
+        _LOCAL.depth -= 1
+
+
+def _fresh_refs() -> int:
+    o = object()
+    return sys.getrefcount(o)
+
+
+#: what ``sys.getrefcount`` reports for an object only a local variable holds
+_FRESH = _fresh_refs()
 
 
 def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
-    """Run ``fn`` on plain local aliases under ``NoFallbackGuard`` and wrap a single tensor
-    result as an alias DTensor. The Primitive itself (no rule ``impl``, not a pseudo
-    Primitive) runs straight; the others through :func:`_run_local`, which watches writes
-    into the first argument."""
+    """Run ``fn`` on plain local aliases (:func:`_run_on_aliases`) and wrap a single tensor
+    result as a DTensor. A rule's local implementation and the pseudo Primitives
+    (``__getitem__``/``__setitem__``) run through :func:`_run_local`, which watches writes
+    into the first argument.
+
+    A result nothing else holds (the local op made it) *becomes* the DTensor: its class is
+    set to the DTensor class, with no second object (``Tensor._make_subclass`` costs about
+    as much as the whole dispatch); a result something else holds (an op that returned
+    one of its inputs) is wrapped as an alias."""
     tf = type(fn)
-    if dec.impl is None and tf is _OpCall:
-        # a C++ Primitive (mint.*): it reads the DTensors' local storage itself, no aliases
-        # (some are Python-level overloads: their DTensor Tensor methods run locally too)
-        _LOCAL.depth += 1
-        try:
-            with NoFallbackGuard():
-                out = fn(*args, **kwargs) if kwargs else fn(*args)
-        finally:
-            _LOCAL.depth -= 1
-    elif dec.impl is None and (tf is TensorMethod or tf is BoundFunction):
-        out = _run_on_aliases(fn.fn, args, kwargs)
-    elif dec.impl is None and tf is not _Pseudo:
-        # plain aliases: some Tensor-method overloads are Python-level (Narrow is
-        # deprecated_tensor_narrow) and would read a DTensor's global shape
-        plain = [_plain(a) for a in args]
-        with NoFallbackGuard():
-            out = fn(*plain, **{k: _plain(v) for k, v in kwargs.items()}) if kwargs else fn(*plain)
-    else:
+    if dec.impl is not None or tf is _Pseudo:
         out = _run_local(fn, args, kwargs)
+    elif tf is TensorMethod or tf is BoundFunction:
+        out = _run_on_aliases(fn.fn, args, kwargs)
+    else:  # a Primitive call from __fallback__ (OpCall, TensorOverloadCall, a legacy call)
+        out = _run_on_aliases(fn, args, kwargs)
     if type(out) is Tensor:
-        spec = dec.out_specs.get((0, out.dtype))
-        if spec is None:
-            spec = dec.out_spec(0, out.dtype, out.itemsize)
+        dtype = out._dtype
+        hot = dec.out0
+        if hot is not None and hot[0] is dtype:
+            spec = hot[1]
+        else:
+            spec = dec.out_spec(0, dtype, out.itemsize)
+            dec.out0 = (dtype, spec)
+        if sys.getrefcount(out) == _FRESH:
+            out.__class__ = _DT
+            out._spec = spec
+            return out
         o = _alias(_DT, out)
         o._spec = spec
         return o
@@ -435,6 +473,7 @@ DISPATCHER = Dispatcher(
     is_dtensor=_is_dtensor,
 )
 _dispatch = DISPATCHER.dispatch
+_dispatch_bound = DISPATCHER.dispatch_bound
 _KERNEL_ERRORS = ("unregistered", "Create kernelmod", "Unsupported op", "Select CPU operator")
 
 

@@ -30,8 +30,10 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from mindspore import Tensor
+
 from . import dispatch as _dispatch_mod
-from .dispatch import _LOCAL, BoundFunction, raise_kernel_error
+from .dispatch import _ANY_LOCAL, _LOCAL, _SCALARS, _TABLE, BoundFunction, raise_kernel_error
 
 __all__ = ["resolve", "install", "bound_functions"]
 
@@ -69,19 +71,30 @@ def _make_wrapper(name: str, orig: Callable, dt_type: type) -> Callable:
 
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # exact type checks first: isinstance(x, Tensor) goes through Tensor's ABC hook,
+        # and plain calls (no DTensor argument) pay this loop too
         for a in args:
-            if isinstance(a, dt_type):
+            t = type(a)
+            if t is dt_type:
+                break
+            if t is not Tensor and t not in _SCALARS and isinstance(a, dt_type):
                 break
         else:
             for v in kwargs.values():
-                if isinstance(v, dt_type):
+                t = type(v)
+                if t is dt_type:
+                    break
+                if t is not Tensor and t not in _SCALARS and isinstance(v, dt_type):
                     break
             else:
                 return orig(*args, **kwargs)
-        if _LOCAL.depth:  # a local op running on the DTensors themselves
+        if _ANY_LOCAL[0] and _LOCAL.depth:  # a local op running on the DTensors themselves
             return orig(*args, **kwargs)
+        bound = _TABLE.get(name) or _dispatch_mod._lookup(pseudo)
         try:
-            return _dispatch_mod._dispatch(pseudo, args, kwargs)  # the one dispatch path
+            if bound is None:  # the registry changed and no longer binds the name
+                return _dispatch_mod._dispatch(pseudo, args, kwargs)
+            return _dispatch_mod._dispatch_bound(bound, pseudo, args, kwargs)  # one dispatch path
         except RuntimeError as e:
             raise_kernel_error(e, pseudo, args)
             raise
