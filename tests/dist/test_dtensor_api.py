@@ -127,8 +127,8 @@ def check_tensor_protocol(rank, world):
     s = DTensor.from_local(torch.tensor(float(rank + 1)), mesh, [Partial()])
     assert s.item() == 3.0
     # an op with no rule yet raises a clear error, and nothing hangs
-    with pytest.raises(NotImplementedError, match=r"torch\.renorm.*S\(0\)"):
-        torch.renorm(dt, 2, 0, 1.0)
+    with pytest.raises(NotImplementedError, match=r"torch\.inverse.*S\(0\)"):
+        torch.inverse(dt[:, :4])
     # moving to another mesh is refused clearly
     other = DeviceMesh("cpu", [1, 0])
     with pytest.raises(ValueError, match="another mesh"):
