@@ -78,8 +78,20 @@ class DistPool:
             )
             for r in range(self.world)
         ]
-        for p in self.procs:
-            p.start()
+        # Every rank iterates sets in the same order (PYTHONHASHSEED is read at interpreter
+        # start, so it must be in the environment the children are spawned with): OpInfo's
+        # sample generators iterate sets (meshgrid's {"xy", "ij"}), and ranks drawing their
+        # samples in different orders would run different cases.
+        saved = os.environ.get("PYTHONHASHSEED")
+        os.environ["PYTHONHASHSEED"] = "0"
+        try:
+            for p in self.procs:
+                p.start()
+        finally:
+            if saved is None:
+                del os.environ["PYTHONHASHSEED"]
+            else:
+                os.environ["PYTHONHASHSEED"] = saved
 
     def run(self, fn: Any, *args: Any, timeout: float = 300) -> list[Any]:
         """Run ``fn(rank, world, *args)`` on every rank; return the per-rank results.
