@@ -1,17 +1,28 @@
 """Opt-in behaviours that PyTorch DTensor keeps under ``torch.distributed.tensor.experimental``.
 
 :func:`implicit_replication` lets plain tensors take part in ops on DTensors, as PyTorch
-DTensor's context of the same name does.
+DTensor's context of the same name does. :func:`local_map` runs a function of plain tensors
+on DTensors' local shards and wraps its outputs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from .dispatch.switches import implicit_replication_block
+from .mesh import DeviceMesh
+from .placement import Placement
 
-__all__ = ["implicit_replication"]
+__all__ = ["implicit_replication", "local_map", "LocalMapError"]
+
+
+class LocalMapError(TypeError, AssertionError):
+    """A :func:`local_map` call whose placements do not match its arguments or outputs in
+    number or kind. It is a ``TypeError`` and, for code written against PyTorch DTensor
+    (which raises ``AssertionError`` there), an ``AssertionError``."""
 
 
 @contextmanager
@@ -36,3 +47,232 @@ def implicit_replication() -> Iterator[None]:
     """
     with implicit_replication_block(True):
         yield
+
+
+def _flatten(tree: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
+    """The leaves of nested tuples / lists / dicts (namedtuples kept), in order, and a
+    function that rebuilds the same structure from new leaves (as torch's pytree does for
+    these containers)."""
+    if isinstance(tree, (tuple, list)):
+        parts = [_flatten(x) for x in tree]
+        leaves = [leaf for p in parts for leaf in p[0]]
+        sizes = [len(p[0]) for p in parts]
+
+        def rebuild_seq(new: list[Any]) -> Any:
+            items, i = [], 0
+            for (_, rb), n in zip(parts, sizes):
+                items.append(rb(new[i : i + n]))
+                i += n
+            if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+                return type(tree)(*items)
+            return type(tree)(items)
+
+        return leaves, rebuild_seq
+    if isinstance(tree, dict):
+        keys = list(tree)
+        dparts = [_flatten(tree[k]) for k in keys]
+        dsizes = [len(p[0]) for p in dparts]
+
+        def rebuild_dict(new: list[Any]) -> Any:
+            out, i = {}, 0
+            for k, (_, rb), n in zip(keys, dparts, dsizes):
+                out[k] = rb(new[i : i + n])
+                i += n
+            return type(tree)(out) if type(tree) is not dict else out
+
+        return [leaf for p in dparts for leaf in p[0]], rebuild_dict
+    return [tree], lambda new: new[0]
+
+
+def _is_tensor(obj: Any) -> bool:
+    from .platform.select import platform_of_tensor
+
+    try:
+        return platform_of_tensor(obj).is_tensor(obj)
+    except TypeError:
+        return False
+
+
+def local_map(
+    func: Callable[..., Any] | None = None,
+    out_placements: Any = None,
+    in_placements: Sequence[Sequence[Placement] | None] | None = None,
+    in_grad_placements: Sequence[Sequence[Placement] | None] | None = None,
+    device_mesh: DeviceMesh | None = None,
+    *,
+    redistribute_inputs: bool = False,
+) -> Any:
+    """Run ``func``, written for plain tensors, on the local shards of DTensor arguments and
+    wrap its tensor outputs as DTensors (as PyTorch DTensor's
+    ``torch.distributed.tensor.experimental.local_map``; same signature, also a decorator
+    when ``func`` is omitted; works on torch and MindSpore).
+
+    Arguments are flattened through tuples, lists and dicts (namedtuples included), as
+    torch's pytree does. Every DTensor leaf is passed as ``to_local()`` (its local shard:
+    local shape); other leaves as they are. Outputs are flattened the same way and every
+    tensor leaf ``t`` becomes ``DTensor.from_local(t, device_mesh, placements)``. When no
+    argument is a DTensor, ``func``'s result is returned unchanged (as PyTorch).
+
+    Unlike PyTorch 2.13 (pytorch/pytorch#172812), an output with a ``Shard`` placement
+    gets its true global shape also when the shards are uneven: ``from_local`` infers it
+    with one all-gather of the local sizes, so ``func`` must be called by every rank of
+    the mesh (it is SPMD code anyway).
+
+    Args:
+        func: the function of local tensors.
+        out_placements: placements of the flattened output: one placement sequence for a
+            single output, else a tuple with one per output leaf (``None`` for a
+            non-tensor leaf).
+        in_placements: per flattened input leaf, the placements a DTensor must have
+            (``None`` for a non-tensor leaf; a plain tensor's entry is not checked), or
+            ``None`` to check nothing.
+        in_grad_placements: per flattened input leaf, the ``grad_placements`` passed to
+            ``to_local`` (the layout of the gradient ``func`` gives that input).
+        device_mesh: the outputs' mesh; default: the first DTensor argument's.
+        redistribute_inputs: redistribute a DTensor whose placements differ from
+            ``in_placements`` instead of raising.
+
+    Returns:
+        The wrapped function (or a decorator when ``func`` is None).
+
+    Raises:
+        ValueError: a DTensor argument's placements differ from ``in_placements`` and
+            ``redistribute_inputs`` is False (the message names the argument, both
+            placements and the fix).
+        LocalMapError: (a ``TypeError`` and ``AssertionError``, where PyTorch raises
+            ``AssertionError``) ``in_placements`` / ``out_placements`` without one entry per
+            flattened leaf, a DTensor argument given ``None`` placements ("expects
+            placements"), a non-tensor leaf given placements, or ``func`` returning a
+            DTensor (it must return local tensors).
+
+    A tensor output whose ``out_placements`` entry is ``None`` becomes a Replicate DTensor
+    (``from_local``'s default, as PyTorch).
+    """
+    if func is None:
+
+        def decorate(f: Callable[..., Any]) -> Any:
+            return local_map(
+                f,
+                out_placements,
+                in_placements,
+                in_grad_placements,
+                device_mesh,
+                redistribute_inputs=redistribute_inputs,
+            )
+
+        return decorate
+    fn = func
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        return _local_map_call(
+            fn,
+            out_placements,
+            in_placements,
+            in_grad_placements,
+            device_mesh,
+            redistribute_inputs,
+            args,
+            kwargs,
+        )
+
+    return wrapped
+
+
+def _fmt(pl: Sequence[Placement]) -> str:
+    return "(" + ", ".join(repr(p) for p in pl) + ")"
+
+
+def _local_map_call(
+    func: Callable[..., Any],
+    out_placements: Any,
+    in_placements: Sequence[Sequence[Placement] | None] | None,
+    in_grad_placements: Sequence[Sequence[Placement] | None] | None,
+    mesh: DeviceMesh | None,
+    redistribute_inputs: bool,
+    args: tuple,
+    kwargs: dict,
+) -> Any:
+    from .dtensor import DTensor
+
+    name = getattr(func, "__name__", "func")
+    leaves, rebuild = _flatten(args)
+    for what, given in (
+        ("in_placements", in_placements),
+        ("in_grad_placements", in_grad_placements),
+    ):
+        if given is not None and len(given) != len(leaves):
+            raise LocalMapError(
+                f"local_map({name}): {what} has {len(given)} entries but the call has "
+                f"{len(leaves)} flattened arguments; give one entry per argument leaf "
+                f"(None for non-tensors)"
+            )
+    local_leaves: list[Any] = []
+    seen_dtensor = False
+    for i, arg in enumerate(leaves):
+        if not isinstance(arg, DTensor):
+            if in_placements is not None and in_placements[i] is not None and not _is_tensor(arg):
+                raise LocalMapError(
+                    f"local_map({name}): non-tensor argument {i} ({type(arg).__name__}) expects None "
+                    f"placements but in_placements[{i}] = {in_placements[i]!r}; give None for it"
+                )
+            local_leaves.append(arg)
+            continue
+        seen_dtensor = True
+        if mesh is None:
+            mesh = arg.device_mesh
+        if in_placements is not None:
+            want = in_placements[i]
+            if want is None:
+                raise LocalMapError(
+                    f"local_map({name}): DTensor argument {i} expects placements (it has "
+                    f"{_fmt(arg.placements)}) but in_placements[{i}] is None; give its placements"
+                )
+            want = tuple(want)
+            if tuple(arg.placements) != want:
+                if not redistribute_inputs:
+                    raise ValueError(
+                        f"local_map({name}): argument {i} has placements "
+                        f"{_fmt(arg.placements)} but in_placements[{i}] asks for {_fmt(want)}; "
+                        f"redistribute it first, or set redistribute_inputs=True to local_map"
+                    )
+                arg = arg.redistribute(placements=want)
+        grad = None
+        if in_grad_placements is not None:
+            grad = in_grad_placements[i]
+            if grad is None:
+                raise LocalMapError(
+                    f"local_map({name}): DTensor argument {i} expects in grad placements but "
+                    f"in_grad_placements[{i}] is None; give the placements of the gradient "
+                    f"func returns for it"
+                )
+        local_leaves.append(arg.to_local(grad_placements=grad))
+    out = func(*rebuild(local_leaves), **kwargs)
+    if not seen_dtensor:
+        return out
+    assert mesh is not None
+    outs, rebuild_out = _flatten(out)
+    specs = out_placements if isinstance(out_placements, tuple) else (out_placements,)
+    if len(specs) != len(outs):
+        raise LocalMapError(
+            f"local_map({name}): out_placements gives {len(specs)} entries but func returned "
+            f"{len(outs)} values; give one placement sequence per output (None for non-tensors)"
+        )
+    wrapped_outs: list[Any] = []
+    for j, (o, spec) in enumerate(zip(outs, specs)):
+        if isinstance(o, DTensor):
+            raise LocalMapError(
+                f"local_map({name}): output {j} is a DTensor; func runs on local tensors and "
+                f"must return local tensors (call to_local() inside it, or leave it out of local_map)"
+            )
+        if _is_tensor(o):
+            pl = tuple(spec) if spec is not None else None
+            wrapped_outs.append(DTensor.from_local(o, mesh, pl))
+        else:
+            if spec is not None:
+                raise LocalMapError(
+                    f"local_map({name}): output {j} is a {type(o).__name__}, not a tensor, but "
+                    f"out_placements[{j}] = {spec!r}; give None for it"
+                )
+            wrapped_outs.append(o)
+    return rebuild_out(wrapped_outs)

@@ -344,3 +344,46 @@ def test_parameters_and_optimizers(ms2, opt_name):
         assert out["grad_placements"] == ["(Shard(dim=0),)", "(Partial(sum),)"]
         assert out["param"] == ("ParameterMindSporeDTensor", "weight", (4, 4), "(Shard(dim=0),)")
         np.testing.assert_allclose(out["weight"], out["ref_weight"], rtol=1e-5, atol=1e-6)
+
+
+def check_local_map(rank: int, world: int) -> tuple:
+    from mindspore import Tensor, mint
+
+    import hyper_shard as hs
+    from hyper_shard import Partial, Replicate, Shard
+    from hyper_shard.experimental import local_map
+    from hyper_shard.platform.mindspore.autograd import grad
+
+    mesh = hs.init_device_mesh("CPU", (world,))
+    B = np.arange(12, dtype=np.float32).reshape(4, 3) / 5.0
+    mm = local_map(
+        mint.matmul,
+        out_placements=[Shard(0)],
+        in_placements=([Shard(0)], [Replicate()]),
+        in_grad_placements=([Shard(0)], [Partial()]),
+    )
+    a = hs.distribute_tensor(Tensor(X), mesh, [Shard(0)])  # 5 rows: uneven
+    b = hs.distribute_tensor(Tensor(B), mesh, [Replicate()])
+    out = mm(a, b)
+    ga, gb = grad(lambda u, v: mm(u, v).sum(), (0, 1))(a, b)  # DTensor gradients
+    mismatch = _try(lambda: local_map(mint.neg, [Shard(0)], in_placements=([Shard(1)],))(a))
+    return (
+        tuple(out.shape),
+        str(out.placements),
+        out.full_tensor().asnumpy(),
+        ga.full_tensor().asnumpy(),
+        gb.full_tensor().asnumpy(),
+        mismatch,
+    )
+
+
+def test_local_map(ms2):
+    """hyper_shard.experimental.local_map on MindSpore (as on torch, tests/dist/test_local_map.py):
+    values and gradients of a local matmul equal plain numpy's."""
+    B = np.arange(12, dtype=np.float32).reshape(4, 3) / 5.0
+    for shape, pl, full, ga, gb, mismatch in ms2.run(check_local_map):
+        assert shape == (5, 3) and pl == "(Shard(dim=0),)"
+        np.testing.assert_allclose(full, X @ B, rtol=1e-5)
+        np.testing.assert_allclose(ga, np.ones((5, 3), np.float32) @ B.T, rtol=1e-5)
+        np.testing.assert_allclose(gb, X.T @ np.ones((5, 3), np.float32), rtol=1e-5)
+        assert mismatch.startswith("ValueError") and "redistribute_inputs=True" in mismatch
