@@ -16,7 +16,7 @@ from .dispatch.switches import implicit_replication_block
 from .mesh import DeviceMesh
 from .placement import Placement
 
-__all__ = ["implicit_replication", "local_map", "LocalMapError"]
+__all__ = ["implicit_replication", "local_map", "LocalMapError", "register_sharding"]
 
 
 class LocalMapError(TypeError, AssertionError):
@@ -276,3 +276,49 @@ def _local_map_call(
                 )
             wrapped_outs.append(o)
     return rebuild_out(wrapped_outs)
+
+
+def register_sharding(op: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a sharding strategy function for ``op`` (as PyTorch DTensor's
+    ``torch.distributed.tensor.experimental.register_sharding``; a decorator).
+
+    The decorated function takes the op's arguments, with each DTensor replaced by its
+    :class:`~hyper_shard.spec.DTensorSpec` (``.shape`` / ``.ndim`` global, ``.placements``,
+    ``.mesh``), and returns the acceptable strategies for one mesh dim: pairs
+    ``(output placements, input placements)`` with one placement per tensor output and one
+    entry per argument (positional, then keyword; ``None`` for non-tensors; for a list of
+    tensors one placement for all or a list with one per element). hyper_shard expands
+    them over the mesh dims and redistributes the inputs into the cheapest one, as for a
+    YAML entry (docs/custom_ops.md); it is called once per call signature (every
+    non-tensor argument's value is part of it) and the decision is cached. A registration
+    replaces any earlier rule for the op (built-in, YAML, or an earlier registration) and
+    survives ``hyper_shard.registry.reload()``.
+
+    Args:
+        op: ``torch.ops.<namespace>.<op>.<overload>`` (its packet means ``.default`` and
+            binds both), e.g. an aten op called directly or a ``torch.library.custom_op``;
+            or a list of them.
+
+    Returns:
+        The decorator; it returns the function unchanged.
+
+    Raises:
+        TypeError: ``op`` is not such an op (MindSpore Primitives are not supported yet:
+            the message points to a YAML entry with a DistributedOp class).
+
+    The global output shapes come from running the op on meta tensors: a custom op needs
+    its ``register_fake`` (as in PyTorch). A public function (``torch.argmax``) keeps its
+    own rule: registering ``aten.argmax.default`` changes ``torch.ops.aten.argmax`` calls.
+    """
+    from ._register_sharding import register
+    from .platform.select import get_platform
+
+    ops = list(op) if isinstance(op, (list, tuple)) else [op]
+
+    def wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for o in ops:
+            mod = type(o).__module__.split(".")[0]
+            register(get_platform("mindspore" if mod == "mindspore" else "torch"), o, fn)
+        return fn
+
+    return wrapper

@@ -425,6 +425,31 @@ class Platform:
     def is_tensor(self, obj: Any) -> bool:
         raise NotImplementedError
 
+    def op_schema(self, op: Any) -> Any:
+        """What :func:`hyper_shard.experimental.register_sharding` needs of a framework op:
+        an :class:`~hyper_shard._register_sharding.OpSchemaInfo` (the registry names that
+        bind it, its argument names, which are tensors, how many tensor outputs).
+
+        Raises:
+            TypeError: ``op`` is not an op of this framework that can be registered.
+        """
+        raise TypeError(
+            f"{type(self).__name__}: register_sharding is not available for {op!r} on this "
+            f"framework; write a YAML entry with a DistributedOp class (docs/custom_ops.md)"
+        )
+
+    def meta_output_shapes(self, func: Any, args: tuple, kwargs: dict) -> list[Any]:
+        """The global shapes of ``func``'s tensor outputs (None for a non-tensor output),
+        computed without data from the global shapes and dtypes of the DTensor arguments
+        (``args``/``kwargs`` hold the DTensors themselves).
+
+        Raises:
+            NotImplementedError: the framework cannot run ops without data.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot compute an op's output shapes without data"
+        )
+
     def version(self, t: Any) -> int | None:
         """A counter that changes whenever ``t``'s data is written in place, or None if the
         framework has none (then nothing is memoised)."""

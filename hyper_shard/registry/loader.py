@@ -274,11 +274,16 @@ def load_dir(d: str | Path) -> list[LoadedEntry]:
     return [e for f in files for e in load_file(f)]
 
 
-def load_all(extra_dirs: Iterable[str | Path] = ()) -> list[LoadedEntry]:
+def load_all(
+    extra_dirs: Iterable[str | Path] = (), runtime: Iterable[LoadedEntry] = ()
+) -> list[LoadedEntry]:
     """Entries from every source, in order, with duplicates resolved.
 
     Sources: the built-ins, entry points, ``HYPER_PARALLEL_OPS_YAML_DIR``, then
-    ``extra_dirs``. ``HYPER_PARALLEL_OPS_PYTHON_PATH`` is appended to ``sys.path`` first.
+    ``extra_dirs``, then ``runtime`` (entries made in the program, by
+    ``hyper_shard.experimental.register_sharding``: each replaces an entry of its name and
+    takes its platform names from whichever entry bound them).
+    ``HYPER_PARALLEL_OPS_PYTHON_PATH`` is appended to ``sys.path`` first.
 
     Raises:
         OpSpecError: a malformed file (see :func:`load_file`); a missing directory in
@@ -311,6 +316,9 @@ def load_all(extra_dirs: Iterable[str | Path] = ()) -> list[LoadedEntry]:
             if prev is not None:
                 del by_name[le.name]  # the replacement takes the later position
             by_name[le.name] = le
+    for le in runtime:
+        by_name.pop(le.name, None)
+        by_name[le.name] = le
     _resolve_bindings(by_name)
     return list(by_name.values())
 

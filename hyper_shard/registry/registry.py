@@ -77,6 +77,8 @@ class Registry:
 
 _REGISTRY: Registry | None = None
 _EXTRA: list[Path] = []
+#: entries made in the program (register_sharding), kept across reloads
+_RUNTIME: list[LoadedEntry] = []
 
 
 def get_registry() -> Registry:
@@ -88,7 +90,7 @@ def get_registry() -> Registry:
     """
     global _REGISTRY
     if _REGISTRY is None:
-        _REGISTRY = Registry(load_all(_EXTRA))
+        _REGISTRY = Registry(load_all(_EXTRA, _RUNTIME))
     return _REGISTRY
 
 
@@ -118,7 +120,7 @@ def reload(extra_dirs: Iterable[str | Path] = ()) -> Registry:
     """
     global _REGISTRY
     extra = [Path(d) for d in extra_dirs]
-    new = Registry(load_all(extra))  # raises before anything is replaced
+    new = Registry(load_all(extra, _RUNTIME))  # raises before anything is replaced
     _bind_loaded_platforms(new)  # likewise (unknown torch names)
     _EXTRA[:] = extra
     _REGISTRY = new
@@ -132,3 +134,26 @@ def reload(extra_dirs: Iterable[str | Path] = ()) -> Registry:
 
 #: callables run with the new registry after every reload (platforms drop their tables)
 RELOAD_HOOKS: list = []
+
+
+def add_runtime_entry(entry: LoadedEntry) -> Registry:
+    """Add (or replace, by name) an entry made in the program, then :func:`reload` with the
+    current extra directories, so it binds on every platform in use and the layout cache
+    forgets earlier decisions.
+
+    Raises:
+        OpSpecError: as :func:`reload` (the entry is then not kept).
+    """
+    old = list(_RUNTIME)
+    _RUNTIME[:] = [e for e in _RUNTIME if e.name != entry.name] + [entry]
+    try:
+        return reload(_EXTRA)
+    except Exception:
+        _RUNTIME[:] = old
+        raise
+
+
+def remove_runtime_entry(name: str) -> Registry:
+    """Drop the program-made entry ``name`` (see :func:`add_runtime_entry`) and reload."""
+    _RUNTIME[:] = [e for e in _RUNTIME if e.name != name]
+    return reload(_EXTRA)

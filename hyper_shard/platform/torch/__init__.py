@@ -633,3 +633,77 @@ class TorchPlatform(Platform):
 
     def is_tensor(self, obj: Any) -> bool:
         return isinstance(obj, torch.Tensor)
+
+    def op_schema(self, op: Any) -> Any:
+        """``torch.ops.<ns>.<op>.<overload>`` (or its packet, meaning ``.default``): the
+        registry names to bind (the overload; for ``.default`` also the packet, which
+        ``torch.ops.<ns>.<op>(...)`` calls pass), its schema's argument names (positional
+        ones first, then keyword-only), which are tensors, and how many tensor outputs.
+
+        Raises:
+            TypeError: ``op`` is not an OpOverload or OpOverloadPacket.
+        """
+        from ..._register_sharding import OpSchemaInfo
+        from .names import torch_op_name
+
+        if isinstance(op, torch._ops.OpOverloadPacket):
+            op = op.default
+        if not isinstance(op, torch._ops.OpOverload):
+            raise TypeError(
+                f"register_sharding takes torch.ops.<namespace>.<op>.<overload> ops (e.g. "
+                f"torch.ops.aten.argmax.default, or a torch.library.custom_op's "
+                f"torch.ops.mylib.my_op.default), got {op!r}; for a Python function, write a "
+                f"YAML entry with a DistributedOp class (docs/custom_ops.md)"
+            )
+        names = [torch_op_name(op)]
+        if op._overloadname == "default":
+            names.append(torch_op_name(op._overloadpacket))
+        args = op._schema.arguments
+        positional = [a.name for a in args if not a.kwarg_only]
+        kw_only = [a.name for a in args if a.kwarg_only]
+
+        def is_tensor_type(t: Any) -> bool:
+            s = str(t)
+            return s.startswith("Tensor") or s.startswith("Optional[Tensor") or "Tensor[]" in s
+
+        tensors = {a.name for a in args if is_tensor_type(a.type)}
+        n_out = sum(1 for r in op._schema.returns if is_tensor_type(r.type))
+        return OpSchemaInfo(
+            label=names[0],
+            names=names,
+            positional=positional,
+            kw_only=kw_only,
+            tensor_args=tensors,
+            n_outputs=max(n_out, 1),
+        )
+
+    def meta_output_shapes(self, func: Any, args: tuple, kwargs: dict) -> list[Any]:
+        """Runs ``func`` on ``meta`` tensors of the DTensor arguments' global shapes and
+        dtypes (aten ops have meta kernels; a ``torch.library.custom_op`` needs its
+        ``register_fake``, as PyTorch DTensor's sharding propagation does).
+
+        Raises:
+            RuntimeError: ``func`` has no meta/fake implementation (the message says so).
+        """
+        from ...dtensor import DTensor
+
+        def meta(x: Any) -> Any:
+            if isinstance(x, DTensor):
+                return torch.empty(tuple(x._spec.shape), dtype=x._spec.dtype, device="meta")
+            if type(x) in (list, tuple):
+                return type(x)(meta(v) for v in x)
+            return x
+
+        margs = tuple(meta(a) for a in args)
+        mkw = {k: meta(v) for k, v in kwargs.items()}
+        try:
+            with DisableTorchFunctionSubclass():
+                out = func(*margs, **mkw)
+        except Exception as e:
+            raise RuntimeError(
+                f"{func}: hyper_shard computes its output shapes on meta tensors and that "
+                f"failed ({type(e).__name__}: {e}); give the op a fake implementation "
+                f"(@<custom_op>.register_fake, as PyTorch DTensor needs too)"
+            ) from e
+        outs = list(out) if isinstance(out, (list, tuple)) else [out]
+        return [tuple(o.shape) if isinstance(o, torch.Tensor) else None for o in outs]

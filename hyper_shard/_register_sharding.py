@@ -1,0 +1,172 @@
+"""``register_sharding``: a sharding strategy given as a Python function at run time, as
+PyTorch DTensor's ``torch.distributed.tensor.experimental.register_sharding``.
+
+The function becomes a registry entry (``override: true``) whose rule is
+:class:`RegisteredSharding`: on a layout-cache miss it calls the user's function with the
+call's arguments (DTensors replaced by their :class:`~hyper_shard.spec.DTensorSpec`), reads
+the acceptable ``(output placements, input placements)`` pairs for one mesh dim, and lets
+the strategy search expand them to the mesh and pick the cheapest redistribution, exactly
+as a YAML entry's ``single_dim_strategies`` (docs/custom_ops.md section 3.3). Output
+shapes come from the platform running the op without data (torch: meta tensors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .dispatch.op import Binder, DistributedOp, OpCall
+from .dispatch.search import SingleDimStrategy
+from .errors import ShardingError
+from .placement import Placement
+
+__all__ = ["OpSchemaInfo", "RegisteredSharding", "register"]
+
+
+@dataclass
+class OpSchemaInfo:
+    """A framework op as :func:`register` binds it (given by ``Platform.op_schema``).
+
+    Attributes:
+        label: the op's name in messages (``torch.ops.aten.argmax.default``).
+        names: the registry names that bind it (the platform resolves each to the object
+            its dispatch receives).
+        positional: positional argument names in order; ``kw_only`` keyword-only ones.
+        tensor_args: which argument names are tensors (the others enter the cache key).
+        n_outputs: number of tensor outputs.
+    """
+
+    label: str
+    names: list[str]
+    positional: list[str]
+    kw_only: list[str] = field(default_factory=list)
+    tensor_args: set[str] = field(default_factory=set)
+    n_outputs: int = 1
+
+
+class RegisteredSharding(DistributedOp):
+    """The rule of a :func:`register`-ed op: the user's strategy function, per call
+    signature (every non-tensor argument is static: its value enters the cache key)."""
+
+    def __init__(self, name: str, fn: Callable[..., Any], info: OpSchemaInfo) -> None:
+        super().__init__(name)
+        binder = Binder(info.positional)
+        self.binders = {"torch": binder, "mindspore": binder}
+        self.binder = binder
+        self.static_names = tuple(
+            n for n in (*info.positional, *info.kw_only) if n not in info.tensor_args
+        )
+        self.n_outputs = info.n_outputs  # type: ignore[misc]
+        self.fn = fn
+        self.info = info
+
+    def _user_args(self, call: OpCall) -> tuple[list[Any], dict[str, Any], list[int]]:
+        """The call's arguments with DTensors replaced by their specs, and for each DTensor
+        input (``call.specs`` order) the index of its argument in args + kwargs values."""
+        from .dtensor import DTensor
+
+        specs = iter(call.specs)
+        where: list[int] = []
+
+        def sub(v: Any, flat_index: int) -> Any:
+            if isinstance(v, DTensor):
+                where.append(flat_index)
+                return next(specs)
+            if type(v) in (list, tuple):
+                return type(v)(sub(x, flat_index) for x in v)
+            return v
+
+        args = [sub(a, i) for i, a in enumerate(call.args)]
+        n = len(call.args)
+        kwargs = {k: sub(v, n + j) for j, (k, v) in enumerate(call.kwargs.items())}
+        return args, kwargs, where
+
+    def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
+        args, kwargs, where = self._user_args(call)
+        n_flat = len(args) + len(kwargs)
+        label = self.info.label
+        pairs = self.fn(*args, **kwargs)
+        out: list[SingleDimStrategy] = []
+        for k, pair in enumerate(pairs):
+            try:
+                outs, ins = pair
+            except (TypeError, ValueError):
+                raise ShardingError(
+                    f"{label}: register_sharding function {self.fn.__name__} returned "
+                    f"{pair!r} as strategy {k}; return (output placements, input placements) "
+                    f"pairs, e.g. ([Shard(0)], [Shard(0), None])"
+                ) from None
+            outs, ins = list(outs), list(ins)
+            if len(ins) != n_flat or len(outs) != self.n_outputs:
+                raise ShardingError(
+                    f"{label}: register_sharding function {self.fn.__name__}'s strategy {k} "
+                    f"gives {len(outs)} output and {len(ins)} input placements, but the call "
+                    f"has {self.n_outputs} tensor output(s) and {n_flat} argument(s); give one "
+                    f"placement per output and one entry per argument (None for non-tensors)"
+                )
+            per_input: list[Placement] = []
+            seen: dict[int, int] = {}
+            for idx in where:  # a list argument: one placement per element, or one for all
+                p = ins[idx]
+                if isinstance(p, Sequence) and not isinstance(p, Placement):
+                    j = seen.get(idx, 0)
+                    seen[idx] = j + 1
+                    p = p[j]
+                if not isinstance(p, Placement):
+                    raise ShardingError(
+                        f"{label}: register_sharding function {self.fn.__name__}'s strategy "
+                        f"{k} gives {p!r} for a DTensor argument; give its placement"
+                    )
+                per_input.append(p)
+            out.append((tuple(outs), tuple(per_input)))
+        return out
+
+    def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
+        shapes = call.platform.meta_output_shapes(call.func, call.args, call.kwargs)
+        return (list(shapes) + [None] * self.n_outputs)[: self.n_outputs]
+
+
+_COUNT = [0]
+
+
+def register(platform: Any, op: Any, fn: Callable[..., Any]) -> None:
+    """Bind ``op`` (a framework op ``platform.op_schema`` understands) to strategy function
+    ``fn``, replacing any earlier binding of the same names; the layout cache is cleared.
+
+    Raises:
+        TypeError: ``op`` is not an op the platform can register (the message says what
+            is).
+    """
+    from .registry import registry as R
+    from .registry.loader import LoadedEntry
+    from .registry.models import OpEntry
+
+    info = platform.op_schema(op)
+    _COUNT[0] += 1
+    name = f"register_sharding:{info.label}"
+    entry = OpEntry.model_validate(
+        {
+            "class": "hyper_shard._register_sharding:RegisteredSharding",
+            "override": True,
+            "doc": f"strategy function {getattr(fn, '__qualname__', fn)!r} (register_sharding)",
+            platform.name: list(info.names),
+        }
+    )
+    le = LoadedEntry(
+        name,
+        "<register_sharding>",
+        entry,
+        RegisteredSharding(name, fn, info),
+        list(info.names) if platform.name == "torch" else [],
+        list(info.names) if platform.name == "mindspore" else [],
+    )
+    R.add_runtime_entry(le)
+
+
+def unregister(platform: Any, op: Any) -> None:
+    """Drop ``op``'s :func:`register`-ed strategy (the op's earlier rule, if any, binds
+    again); nothing happens if it has none."""
+    from .registry import registry as R
+
+    R.remove_runtime_entry(f"register_sharding:{platform.op_schema(op).label}")
