@@ -3,7 +3,8 @@ collectives this rank ran, and the cross-rank consistency mode.
 
 * :func:`comm_counter` counts the redistribution steps run inside it, by kind
   (``all_gather``, ``all_reduce``, ``reduce_scatter``, ``all_to_all``, and the local
-  ``chunk``/``pad``/``partition``), forward and backward.
+  ``chunk``/``pad``/``partition``), forward and backward. :class:`CommDebugMode` is the same
+  count with PyTorch DTensor's ``torch.distributed.tensor.debug.CommDebugMode`` interface.
 * :func:`cache_info` / :func:`clear_cache`: the dispatcher's layout cache (hits, misses).
 * :func:`visualize_sharding`: a text table of which mesh coordinate holds which slice.
 * ``hyper-shard explain OP ...`` (the CLI) prints a rule's decision for given placements.
@@ -30,6 +31,7 @@ from ..redistribute.planner import plan_cache_info
 from ..redistribute.steps import COLLECTIVES, COUNTERS
 
 __all__ = [
+    "CommDebugMode",
     "comm_counter",
     "cache_info",
     "clear_cache",
@@ -67,6 +69,93 @@ def comm_counter() -> Iterator[CommCounts]:
         yield counts
     finally:
         COUNTERS.remove(counts)
+
+
+#: the last component of a framework collective's name (torch.ops.c10d_functional /
+#: _c10d_functional / c10d ops, torch.distributed._functional_collectives functions) ->
+#: hyper_shard's step kind
+_KIND_OF_NAME = {
+    "all_gather_into_tensor": "all_gather",
+    "all_gather_tensor": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "_allgather_base_": "all_gather",
+    "allgather_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather",
+    "all_reduce": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "allreduce_": "all_reduce",
+    "allreduce_coalesced_": "all_reduce",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_": "reduce_scatter",
+    "all_to_all_single": "all_to_all",
+    "alltoall_": "all_to_all",
+    "alltoall_base_": "all_to_all",
+}
+
+
+def _kind_of(key: Any) -> Any:
+    name = key if isinstance(key, str) else getattr(key, "__name__", None)
+    if not isinstance(name, str):
+        return key
+    return _KIND_OF_NAME.get(name.rsplit(".", 1)[-1], name)
+
+
+class CollectiveCounts(dict):
+    """Collective kind (``all_gather``, ``all_reduce``, ``reduce_scatter``, ``all_to_all``)
+    -> count. Looked up by kind or by the framework's collective (PyTorch DTensor's tests
+    index it with ``torch.ops.c10d_functional.all_gather_into_tensor``,
+    ``funcol.all_reduce``...); a kind that did not run counts 0, as PyTorch's
+    ``defaultdict``."""
+
+    def __getitem__(self, key: Any) -> int:
+        return int(super().get(_kind_of(key), 0))
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return super().get(_kind_of(key), default)
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(_kind_of(key))
+
+
+class CommDebugMode:
+    """Count the collectives hyper_shard runs inside the block, with PyTorch DTensor's
+    ``torch.distributed.tensor.debug.CommDebugMode`` interface (``with CommDebugMode() as
+    m: ...; m.get_total_counts(); m.get_comm_counts()[funcol.all_gather_into_tensor]``).
+
+    Counted: every collective step of a redistribution this rank runs, forward and
+    backward (those of ops, ``redistribute``, ``full_tensor``, optimizer steps...), one per
+    step as in PyTorch (an all-to-all composed of point-to-point or gather calls on a
+    backend without one counts once). Not counted: collectives of the user's own code (a
+    ``local_map`` body's ``all_reduce``: PyTorch, which intercepts at the aten level, counts
+    those), fused kernels' internal reductions and metadata exchanges. Works on torch and
+    MindSpore; the counts are live inside the block and kept after it. Re-entering resets
+    them, as PyTorch.
+    """
+
+    def __init__(self) -> None:
+        self._raw: CommCounts = CommCounts()
+        self._active = False
+
+    def __enter__(self) -> CommDebugMode:
+        self._raw = CommCounts()
+        COUNTERS.append(self._raw)
+        self._active = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._active:
+            COUNTERS.remove(self._raw)
+            self._active = False
+
+    def get_comm_counts(self) -> CollectiveCounts:
+        """Collective kind -> count (look it up by kind or by the framework collective)."""
+        return CollectiveCounts({k: v for k, v in self._raw.items() if k in COLLECTIVES and v})
+
+    def get_total_counts(self) -> int:
+        """Every collective counted so far."""
+        return self._raw.collectives
 
 
 def visualize_sharding(dt: Any) -> str:
