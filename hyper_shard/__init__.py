@@ -18,6 +18,7 @@ from .errors import (
     ShardingError,
 )
 from .mesh import DeviceMesh, init_device_mesh
+from .parallel.distribute import distribute_module
 from .placement import Partial, Placement, Replicate, Shard
 from .registry.loader import add_python_path_at_import as _add_python_path
 from .spec import DTensorSpec, TensorMeta
@@ -43,6 +44,7 @@ __all__ = [
     "Replicate",
     "Partial",
     "distribute_tensor",
+    "distribute_module",
     "zeros",
     "ones",
     "empty",

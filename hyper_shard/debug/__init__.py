@@ -158,11 +158,17 @@ class CommDebugMode:
         return self._raw.collectives
 
 
-def visualize_sharding(dt: Any) -> str:
+def visualize_sharding(dt: Any, header: str = "", use_rich: bool = False) -> str:
     """A table: for every mesh coordinate, the global index ranges of its local shard
-    (``[start, stop)`` per tensor dim) and whether the values are partial. Pure: needs no
+    (``[start, stop)`` per tensor dim) and whether the values are partial. Needs no
     communication.
+
+    As PyTorch DTensor's ``torch.distributed.tensor.debug.visualize_sharding``, the table
+    (after ``header``, if given) is printed once, by the rank at mesh coordinate 0 (ranks
+    outside the mesh print nothing); it is also returned, on every rank. ``use_rich`` is
+    accepted for PyTorch's signature; the table is plain text either way.
     """
+    del use_rich
     import itertools
 
     spec = dt._spec
@@ -174,7 +180,11 @@ def visualize_sharding(dt: Any) -> str:
         rng = ", ".join(f"{o}:{o + n}" for o, n in zip(off, shape))
         rank = mesh.ranks[sum(c * st for c, st in zip(coord, mesh._strides))]
         rows.append(f"  rank {rank} {coord}: [{rng}]{' (partial)' if partial else ''}")
-    return "\n".join(rows)
+    table = "\n".join(rows)
+    here = mesh.get_coordinate()
+    if here is not None and not any(here):
+        print(f"{header}\n{table}" if header else table)
+    return table
 
 
 # ---------------------------------------------------------------------- flight recorder

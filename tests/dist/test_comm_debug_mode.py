@@ -113,3 +113,27 @@ def check_backward_counted(rank, world):
 def test_backward_counted(dist2):
     for fwd, bwd in dist2.run(check_backward_counted):
         assert fwd == {"all_gather": 1} and bwd == {"reduce_scatter": 1}, (fwd, bwd)
+
+
+def check_visualize_sharding(rank, world):
+    """visualize_sharding: every coordinate's slice is its torch.chunk piece; printed once
+    (by coordinate 0, after the header), returned everywhere (PyTorch prints only)."""
+    import contextlib
+    import io
+
+    from hyper_shard.debug import visualize_sharding
+
+    mesh = hs.init_device_mesh("cpu", (world,))
+    d = hs.distribute_tensor(torch.arange(20.0).reshape(5, 4), mesh, [hs.Shard(0)])
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        table = visualize_sharding(d, header="weights")
+    starts = [0, *torch.cumsum(torch.tensor([c.shape[0] for c in torch.arange(5).chunk(world)]), 0)]
+    for r in range(world):
+        assert f"rank {r} ({r},): [{starts[r]}:{starts[r + 1]}, 0:4]" in table, table
+    printed = buf.getvalue()
+    return printed == (f"weights\n{table}\n" if rank == 0 else "")
+
+
+def test_visualize_sharding(dist2):
+    assert dist2.run(check_visualize_sharding) == [True, True]
