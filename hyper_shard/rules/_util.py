@@ -6,7 +6,7 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-from ..placement import Replicate
+from ..placement import Placement, Replicate, Shard
 
 __all__ = [
     "broadcast_shapes",
@@ -100,3 +100,34 @@ def chunk_sizes_torch(extent: int, chunks: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------- the tensor_op rule
+
+
+def window_shards_align(
+    shape: Sequence[int],
+    placements: Sequence[Placement],
+    mesh_shape: Sequence[int],
+    steps: dict[int, int],
+    first_spatial: int,
+) -> bool:
+    """Whether an input's spatial shards can be windowed locally: every dim at or after
+    ``first_spatial`` that ``placements`` shard is one of ``steps`` (dim -> window length,
+    the windows tiling the dim with no overlap), is sharded by one mesh dim only, each
+    ``torch.chunk`` piece is a whole number of windows, and the output's pieces (the
+    window counts) are the ``torch.chunk`` layout of the output size."""
+    from ..spec import chunk_sizes
+
+    by_dim: dict[int, list[int]] = {}
+    for m, p in enumerate(placements):
+        if type(p) is Shard and p.dim >= first_spatial:
+            by_dim.setdefault(p.dim, []).append(m)
+    for dim, ms in by_dim.items():
+        step = steps.get(dim)
+        if step is None or len(ms) > 1:
+            return False
+        n, size = mesh_shape[ms[0]], shape[dim]
+        pieces = chunk_sizes(size, n)
+        if any(c % step for c in pieces) or [c // step for c in pieces] != chunk_sizes(
+            size // step, n
+        ):
+            return False
+    return True

@@ -16,12 +16,17 @@ Per mesh dim:
   added once;
 * ``Partial(sum|avg)`` input or weight (a convolution is linear in each) -> Partial output.
 
-A sharded **spatial** dim of the input (sequence/height/width) would need a halo exchange
-of the neighbours' border rows, which hyper_shard does not implement: the call raises a
-:class:`~hyper_shard.errors.ShardingError` naming the dim and the fix (shard the batch or
-the channels, or redistribute that dim to ``Replicate()``), rather than gathering the
-activations silently. PyTorch DTensor shards the last spatial dim of 2-D convolutions with
-a halo exchange; that case is the remaining difference.
+* **spatial** (sequence/height/width) shards are kept where no window crosses a shard
+  boundary: a non-transposed convolution whose kernel equals its stride on that dim
+  (``padding`` 0, ``dilation`` 1 there: a ViT patch embedding, a strided "patchify") keeps
+  ``Shard(d)`` when every shard's size is a multiple of the stride and the output's
+  ``torch.chunk`` layout is the shards' sizes divided by it (no communication).
+
+Any other spatially sharded input is redistributed first, at the cheapest modelled cost
+(to a batch or channel shard by an all-to-all, or gathered), as PyTorch DTensor does for a
+placement an op cannot keep; windows that cross shard boundaries would need a halo
+exchange of the neighbours' border rows, which hyper_shard does not implement (PyTorch
+DTensor has one for the last spatial dim of 2-D convolutions).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from ..errors import ShardingError
 from ..placement import Partial, Placement, Shard
 from ..registry.models import RuleParams
 from . import register_rule
-from ._util import LINEAR_OPS, R
+from ._util import LINEAR_OPS, R, window_shards_align
 
 __all__ = ["ConvOp", "ConvParams", "conv_output_shape"]
 
@@ -115,8 +120,8 @@ class ConvOp(DistributedOp):
     """(Transposed) convolutions (see the module docstring).
 
     Raises:
-        ShardingError: a sharded spatial dim of the input (no halo exchange), an input or
-            weight that is not a DTensor next to DTensors, or shapes torch would reject.
+        ShardingError: an input or weight that is not a DTensor next to DTensors, or shapes
+            torch would reject.
     """
 
     Params = ConvParams
@@ -196,18 +201,48 @@ class ConvOp(DistributedOp):
         for op in LINEAR_OPS:
             out.append(make(Partial(op), Partial(op), R, Partial(op)))
             out.append(make(Partial(op), R, Partial(op), Partial(op)))
+        for d in self._patch_dims(call, x, w, cdim):
+            out.append(make(Shard(d), Shard(d), R, R))
         return out
 
+    def _patch_dims(self, call: OpCall, x: Any, w: Any, cdim: int) -> list[int]:
+        """The input's spatial dims where every window is its own stride-long piece
+        (kernel == stride, padding 0, dilation 1; non-transposed): a shard of such a dim
+        whose boundaries fall on window starts convolves locally."""
+        if self.params.transposed:
+            return []
+        n = self.params.dims
+        st = call.static
+        try:
+            k = tuple(w.shape[2:])
+            s = _tuple(st.get("stride", call.get("stride", 1)) or 1, n, "stride")
+            d = _tuple(st.get("dilation", call.get("dilation", 1)) or 1, n, "dilation")
+            pad = st.get("padding", call.get("padding", 0)) or 0
+            p = (
+                (0,) * n
+                if pad == "valid"
+                else None
+                if isinstance(pad, str)
+                else _tuple(pad, n, "padding")
+            )
+        except (TypeError, ValueError):
+            return []
+        if p is None:
+            return []
+        return [cdim + 1 + i for i in range(n) if k[i] == s[i] and p[i] == 0 and d[i] == 1]
+
+    def accept(self, call: OpCall, inputs: tuple, outputs: tuple) -> bool:
+        """A kept spatial shard tiles into whole windows (see ``window_shards_align``)."""
+        x, w, _, cdim, _ = self._form(call)
+        pl = inputs[call.arg_roles.index("input")]
+        if pl is None:
+            return True
+        n = self.params.dims
+        stride = _tuple(call.static.get("stride", call.get("stride", 1)) or 1, n, "stride")
+        steps = {d: stride[d - cdim - 1] for d in self._patch_dims(call, x, w, cdim)}
+        return window_shards_align(x.shape, pl, call.mesh.shape, steps, cdim + 1)
+
     def infer_layout(self, call: OpCall) -> Layout:
-        x, _, _, cdim, _ = self._form(call)
-        for m, p in enumerate(x.placements):
-            if type(p) is Shard and p.dim > cdim:
-                raise ShardingError(
-                    f"{call.describe()}: the input is sharded on spatial dim {p.dim} (mesh dim "
-                    f"{m}), which a convolution could only keep with a halo exchange of the "
-                    f"neighbouring rows (not implemented); shard the batch or channel dim "
-                    f"instead, or redistribute that dim to Replicate() first"
-                )
         layout = super().infer_layout(call)
         return _empty_shard_impl(call, layout, "bias" in call.arg_roles)
 

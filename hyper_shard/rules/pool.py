@@ -10,9 +10,12 @@ padding; ``output_size`` for the adaptive forms, ``None`` keeping a size). Per m
 * the batch and channel dims keep their shards (every window lies in one plane); the
   indices of ``return_indices`` count within a plane, so they are the same on every shard;
 * average pools are linear in the input: ``Partial(sum|avg)`` passes through;
-* a sharded **spatial** dim would need the neighbours' border rows (a halo exchange, not
-  implemented; an adaptive window may span the whole dim): the call raises a
-  :class:`~hyper_shard.errors.ShardingError` naming the dim and the fix, as convolutions do;
+* a sharded **spatial** dim stays sharded where the windows tile it (``kernel_size ==
+  stride``, ``padding`` 0, ``dilation`` 1: the common 2x2 / stride-2 pool) and every shard
+  is a whole number of windows whose counts are the output's ``torch.chunk`` layout; any
+  other spatial shard (overlapping windows would need the neighbours' border rows, a halo
+  exchange hyper_shard does not implement; an adaptive window may span the whole dim) is
+  redistributed first, at the cheapest modelled cost, as convolutions do;
 * a channel shard that would be empty on some rank (more ranks than channels) is gathered
   instead: torch's pooling kernels refuse an empty plane.
 
@@ -24,11 +27,11 @@ from __future__ import annotations
 import operator
 from typing import Any, Literal
 
-from ..dispatch.op import Layout, OpCall
+from ..dispatch.op import OpCall
 from ..errors import ShardingError
-from ..placement import Shard
 from ..registry.models import RuleParams
 from . import register_rule
+from ._util import window_shards_align
 from .planned import OpPlan, PlannedOp, keep_strategies, partials_of
 from .tensor_along import nonempty_shards
 
@@ -94,7 +97,7 @@ class PoolOp(PlannedOp):
     """Max / average / adaptive pooling (see the module docstring).
 
     Raises:
-        ShardingError: a sharded spatial dim of the input, or shapes torch would reject.
+        ShardingError: shapes torch would reject (the message names the call).
     """
 
     Params = PoolParams
@@ -138,26 +141,34 @@ class PoolOp(PlannedOp):
         x, lead = self._spatial(call)
         shape = (*x.shape[:lead], *self._out_spatial(call, x, lead))
         n_out = self._n_out(call)
-        keep = {d: d for d in range(lead)}
+        steps = self._tiling_steps(call, lead)
+        keep = {d: d for d in (*range(lead), *steps)}
         linear = self.params.kind in ("avg", "adaptive_avg")
         parts = partials_of([x]) if linear else []
-        return OpPlan(
-            [shape] * n_out,
-            keep_strategies([keep], n_out, parts),
-            accept=_nonempty_planes(call, lead),
-        )
+        planes = _nonempty_planes(call, lead)
+        mesh_shape = call.mesh.shape
 
-    def infer_layout(self, call: OpCall) -> Layout:
-        x, lead = self._spatial(call)
-        for m, p in enumerate(x.placements):
-            if type(p) is Shard and p.dim >= lead:
-                raise ShardingError(
-                    f"{call.describe()}: the input is sharded on spatial dim {p.dim} (mesh dim "
-                    f"{m}), which a pooling window could only keep with a halo exchange of the "
-                    f"neighbouring rows (not implemented); shard the batch or channel dim "
-                    f"instead, or redistribute that dim to Replicate() first"
-                )
-        return super().infer_layout(call)
+        def accept(ins: tuple, outs: tuple) -> bool:
+            pl = ins[0]
+            return planes(ins, outs) and (
+                pl is None or window_shards_align(x.shape, pl, mesh_shape, steps, lead)
+            )
+
+        return OpPlan([shape] * n_out, keep_strategies([keep], n_out, parts), accept=accept)
+
+    def _tiling_steps(self, call: OpCall, lead: int) -> dict[int, int]:
+        """Spatial dim -> window length where the windows tile the dim (kernel == stride,
+        padding 0, dilation 1; not adaptive, no indices returned)."""
+        if self.params.kind.startswith("adaptive") or self._n_out(call) == 2:
+            return {}  # max_pool's indices count within the whole plane: not local ones
+        st, n = call.static, self.params.dims
+        k = tuple(operator.index(v) for v in _tuple(st.get("kernel_size"), n, "kernel_size"))
+        s = tuple(operator.index(v) for v in _tuple(st.get("stride"), n, "stride", k))
+        p = tuple(operator.index(v) for v in _tuple(st.get("padding"), n, "padding", 0))
+        d = (1,) * n
+        if self.params.kind == "max":
+            d = tuple(operator.index(v) for v in _tuple(st.get("dilation"), n, "dilation", 1))
+        return {lead + i: s[i] for i in range(n) if k[i] == s[i] and p[i] == 0 and d[i] == 1}
 
 
 def _nonempty_planes(call: OpCall, lead: int) -> Any:

@@ -39,22 +39,6 @@ _INDEX_INPLACE = XFail(
     variant=r"^Tensor\.(index_\w+|scatter_reduce)_$",
 )
 
-_CONV_SPATIAL = XFail(
-    "by design (issue 12): an input sharded on a spatial dim would need a halo exchange of "
-    "the neighbouring rows, which hyper_shard does not implement; the call raises a "
-    "ShardingError naming the dim and the fix (shard the batch or channels, or redistribute "
-    "that dim to Replicate) instead of gathering the activations silently",
-    msg=r"ShardingError: .*sharded on spatial dim .*halo exchange",
-)
-
-_POOL_SPATIAL = XFail(
-    "by design, as convolutions: an input sharded on a spatial dim would need the "
-    "neighbouring rows of each window (a halo exchange; an adaptive window may span the dim), "
-    "which hyper_shard does not implement; the call raises a ShardingError naming the dim and "
-    "the fix (shard the batch or channels, or redistribute that dim to Replicate)",
-    msg=r"ShardingError: .*sharded on spatial dim .*pooling window .*halo exchange",
-)
-
 _RUNNING_STATS = XFail(
     "by design: running_mean/running_var are updated in place where they are (a moved copy's "
     "update would be lost), so they must share one placement (Replicate, or Shard(0) with the "
@@ -85,22 +69,6 @@ XFAILS: dict[str, list[XFail]] = {
     },
     "nn.functional.batch_norm": [_RUNNING_STATS],
     "nn.functional.instance_norm": [_RUNNING_STATS],
-    **{
-        f"nn.functional.{kind}_pool{n}d": [_POOL_SPATIAL]
-        for kind in ("max", "avg", "adaptive_max", "adaptive_avg")
-        for n in (1, 2, 3)
-    },
-    **{
-        f"nn.functional.{name}": [_CONV_SPATIAL]
-        for name in (
-            "conv1d",
-            "conv2d",
-            "conv3d",
-            "conv_transpose1d",
-            "conv_transpose2d",
-            "conv_transpose3d",
-        )
-    },  # fmt: skip
     **{
         k: [_INDEX_INPLACE]
         for k in (
