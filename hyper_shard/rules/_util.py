@@ -131,3 +131,45 @@ def window_shards_align(
         ):
             return False
     return True
+
+
+class ReplicatedResult:
+    """A local implementation for ops whose output shape depends on the values
+    (``nonzero``, ``unique``, ``x[mask]``...): it runs the op on the gathered (Replicate)
+    inputs, so every rank computes the whole result, and wraps every tensor of the result
+    as a Replicate DTensor of the shape it has (its global shape is its local one). The
+    decision declares no output placements (the result arrives wrapped)."""
+
+    __slots__ = ("func", "mesh", "platform")
+
+    def __init__(self, func: Any, mesh: Any, platform: Any) -> None:
+        self.func, self.mesh, self.platform = func, mesh, platform
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._wrap(self.func(*args, **kwargs))
+
+    def _wrap(self, out: Any) -> Any:
+        from ..spec import DTensorSpec
+
+        plat = self.platform
+        if plat.is_tensor(out):
+            spec = DTensorSpec(self.mesh, (Replicate(),) * self.mesh.ndim, plat.tensor_meta(out))
+            return plat.wrap(out, spec)
+        if isinstance(out, (tuple, list)):
+            return type(out)([self._wrap(o) for o in out])
+        return out
+
+
+def replicated_result_layout(call: Any) -> Any:
+    """The decision of an op whose output shape depends on the values: every input
+    gathered to Replicate, the op run whole on every rank (:class:`ReplicatedResult`).
+    Correct for any input; it costs the gather (a sharded input's memory on every rank)."""
+    from ..dispatch.op import Layout
+
+    rep = (Replicate(),) * call.mesh.ndim
+    return Layout(
+        [rep] * len(call.specs),
+        [None],
+        [None],
+        impl=ReplicatedResult(call.func, call.mesh, call.platform),
+    )

@@ -2,10 +2,11 @@
 (``nonzero``, ``argwhere``, ``masked_select``, ``unique``...).
 
 A sharding decision is cached per input layout and global shape, before any value is
-read, so no rule can decide these; PyTorch DTensor cannot either. Binding them to this
-rule makes the call raise a :class:`~hyper_shard.errors.ShardingError` that names the op,
-its placements and the fix (the entry's ``fix``: a same-shape alternative, or the op on
-``full_tensor()``), instead of the generic "no sharding rule" error.
+read, so no rule can shard these (PyTorch DTensor has no strategy for them and raises).
+This rule gathers the inputs and runs the op whole on every rank: the result is a
+Replicate DTensor of the shape the values give (``rules._util.ReplicatedResult``). It is
+always right, and costs the gather: the entry's ``fix`` (a same-shape alternative, e.g.
+``torch.where``) is what to use when a sharded input is large.
 
 Framework-neutral: nothing here imports a platform.
 """
@@ -13,9 +14,9 @@ Framework-neutral: nothing here imports a platform.
 from __future__ import annotations
 
 from ..dispatch.op import DistributedOp, Layout, OpCall
-from ..errors import ShardingError
 from ..registry.models import RuleParams
 from . import register_rule
+from ._util import replicated_result_layout
 
 __all__ = ["DataDependentOp", "DataDependentParams"]
 
@@ -29,16 +30,9 @@ class DataDependentParams(RuleParams):
 
 @register_rule("data_dependent")
 class DataDependentOp(DistributedOp):
-    """Refuses every call (see the module docstring).
-
-    Raises:
-        ShardingError: always, naming the call and the entry's fix.
-    """
+    """Gathers the inputs and runs the op whole (see the module docstring)."""
 
     Params = DataDependentParams
 
     def infer_layout(self, call: OpCall) -> Layout:
-        raise ShardingError(
-            f"{call.describe()}: the output shape depends on the values ({self.params.what}), "
-            f"which a sharding decision cannot know; {self.params.fix}"
-        )
+        return replicated_result_layout(call)

@@ -22,7 +22,8 @@ adjacent). How a layout is decided:
   aligned with the target's shards and written locally (``x[mask] = v``); writing through
   an index tensor into a sharded dim raises (redistribute the target first);
 * a boolean-mask READ (``x[mask]``) has a result shape that depends on the mask's values,
-  which a cached sharding decision cannot hold: it raises, naming the alternatives.
+  which a cached sharding decision cannot hold: it runs whole on the gathered inputs, a
+  Replicate result (``torch.where(mask, x, 0)`` keeps the shards, at the same shape).
 
 Index tensors must be DTensors (the dispatcher refuses plain tensors with dimensions mixed
 with DTensors); python ints, slices, lists and 0-d tensors are fine.
@@ -60,7 +61,7 @@ from . import register_rule
 from ._index_model import IndexForm, local_slice, parse_index
 from ._kinds import KindTable
 from ._util import R, normalize_dim
-from .planned import OpPlan, PlannedOp, as_int, keep_strategies, partials_of
+from .planned import OpPlan, PlannedOp, ValueDependentShape, as_int, keep_strategies, partials_of
 from .tensor_create import scalar_off_coordinate0 as _scalar_off_coordinate0
 
 __all__ = ["IndexOp", "IndexParams", "IndexForm", "parse_index", "strided_slice_index"]
@@ -202,13 +203,8 @@ class IndexOp(PlannedOp):
             )
         index = self._index(call)
         form = parse_index(x.shape, index)
-        if form.masks:
-            raise ShardingError(
-                f"{call.describe()}: x[mask] with a boolean mask DTensor has a result shape that "
-                f"depends on the mask's values, which a sharding decision cannot know; use "
-                f"torch.where(mask, x, 0) or x.masked_fill(~mask, 0) (same shape), write with "
-                f"x[mask] = value, or index the full tensors: x.full_tensor()[mask.full_tensor()]"
-            )
+        if form.masks:  # the result's size is the mask's True count: run it whole
+            raise ValueDependentShape
         plan = self._plan_form(call, form)
         if not form.adv:  # basic indexing (ints, slices, None, ...): a view, as in torch
             plan.view = ViewOf(_Same(index))

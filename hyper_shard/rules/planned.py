@@ -20,9 +20,10 @@ from ..dispatch.search import SingleDimStrategy, search_strategy
 from ..errors import ShardingError
 from ..placement import Partial, Placement, Shard
 from ..redistribute.planner import cost_model_for
-from ._util import R, as_int, normalize_dim
+from ._util import R, as_int, normalize_dim, replicated_result_layout
 
 __all__ = [
+    "ValueDependentShape",
     "planned_with_context",
     "OpPlan",
     "PlannedOp",
@@ -54,6 +55,13 @@ class OpPlan:
     fixed: tuple[int, ...] | None = None
     accept: Callable[[tuple, tuple], bool] | None = None
     view: Any = None
+
+
+class ValueDependentShape(Exception):
+    """Raised by a plan for a call whose output shape depends on the values (a boolean
+    mask index, a tensor of repeats or split indices, ``num_classes=-1``): the op then
+    runs whole on gathered inputs (``rules._util.replicated_result_layout``), its result a
+    Replicate DTensor of the shape the values give. Not an error a user sees."""
 
 
 class PlannedOp(DistributedOp):
@@ -90,7 +98,10 @@ class PlannedOp(DistributedOp):
         return self.checked_plan(call).strategies
 
     def infer_layout(self, call: OpCall) -> Layout:
-        plan = self.checked_plan(call)
+        try:
+            plan = self.checked_plan(call)
+        except ValueDependentShape:
+            return replicated_result_layout(call)
         fixed = plan.fixed if plan.fixed is not None else ((0,) if call.inplace else ())
         try:
             res = search_strategy(

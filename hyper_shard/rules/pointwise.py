@@ -17,8 +17,8 @@ Replicate). Partial values follow the op's linearity (``partial:``):
   of them next to Replicate ones, give ``Partial(max)`` (``Partial(min)``) with no
   communication, as PyTorch DTensor (``max(max_i a_i, b) = max_i max(a_i, b)``).
 
-``rule: where`` is ``torch.where(condition, input, other)``: this rule, refusing the
-one-argument form, whose result shape depends on the values.
+``rule: where`` is ``torch.where(condition, input, other)``: this rule; the one-argument
+form, whose result shape depends on the values, runs whole on the gathered condition.
 
 Semantics follow PyTorch's elementwise ops and broadcasting.
 """
@@ -29,11 +29,10 @@ from typing import Literal
 
 from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..dispatch.search import SingleDimStrategy
-from ..errors import ShardingError
 from ..placement import Partial, Placement, Shard
 from ..registry.models import RuleParams
 from . import register_rule
-from ._util import LINEAR_OPS, R, broadcast_shapes
+from ._util import LINEAR_OPS, R, broadcast_shapes, replicated_result_layout
 
 __all__ = ["PointwiseOp", "PointwiseParams", "WhereOp"]
 
@@ -130,19 +129,12 @@ class PointwiseOp(DistributedOp):
 class WhereOp(PointwiseOp):
     """``torch.where(condition, input, other)``: elementwise with broadcasting, as the
     pointwise rule (a Partial value is reduced first). ``torch.where(condition)`` alone is
-    ``nonzero(as_tuple=True)``, whose result size depends on the values: it raises.
-
-    Raises:
-        ShardingError: the one-argument form.
-    """
+    ``nonzero(as_tuple=True)``, whose result size depends on the values: it runs whole on
+    the gathered condition (Replicate results, as ``rule: data_dependent``)."""
 
     signature = ("condition", "input", "other")
 
     def infer_layout(self, call: OpCall) -> Layout:
         if call.get("input") is None and call.get("other") is None:
-            raise ShardingError(
-                f"{call.describe()}: torch.where(condition) returns the indices of the True "
-                f"elements, whose number depends on the values, which a sharding decision cannot "
-                f"know; use torch.where(condition, x, y), or condition.full_tensor().nonzero()"
-            )
+            return replicated_result_layout(call)
         return super().infer_layout(call)

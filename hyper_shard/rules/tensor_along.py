@@ -47,7 +47,7 @@ from ..errors import ShardingError
 from ..placement import Partial, Placement, Shard
 from ..spec import compute_local_shape_and_offset
 from ._util import LINEAR_OPS, R, broadcast_shapes, normalize_dim
-from .planned import OpPlan, as_int, dims_arg, keep_strategies, partials_of
+from .planned import OpPlan, ValueDependentShape, as_int, dims_arg, keep_strategies, partials_of
 from .reduction import kept_dim_map, reduced_dims, reduced_shape
 from .tensor_ops import _KINDS, _pick
 
@@ -216,12 +216,8 @@ def _plan_flipud(op: Any, call: OpCall, st: dict) -> OpPlan:
 def _plan_one_hot(op: Any, call: OpCall, st: dict) -> OpPlan:
     spec = op._one(call)
     c = as_int(_pick(st, "num_classes", None, -1), "num_classes")
-    if c < 0:
-        raise ShardingError(
-            f"{call.describe()}: one_hot with num_classes=-1 sizes its output by the largest "
-            f"value, which a sharding decision cannot know; pass num_classes (e.g. the "
-            f"vocabulary size)"
-        )
+    if c < 0:  # sized by the largest value: run it whole
+        raise ValueDependentShape
     keep = {d: d for d in range(spec.ndim)}
     return OpPlan([(*spec.shape, c)], keep_strategies([keep], 1))
 

@@ -37,7 +37,15 @@ from ..spec import compute_local_shape_and_offset
 from . import register_rule
 from ._kinds import KindTable
 from ._util import chunk_sizes_torch, normalize_dim, split_sizes
-from .planned import OpPlan, PlannedOp, as_int, dims_arg, keep_strategies, partials_of
+from .planned import (
+    OpPlan,
+    PlannedOp,
+    ValueDependentShape,
+    as_int,
+    dims_arg,
+    keep_strategies,
+    partials_of,
+)
 
 __all__ = ["TensorOp", "TensorOpParams", "split_sizes", "chunk_sizes_torch"]
 
@@ -438,12 +446,8 @@ class TensorOp(PlannedOp):
     def _plan_repeat_interleave(self, call: OpCall, st: dict) -> OpPlan:
         # an int `repeats` along `dim`: that dim is gathered, the others keep their shards;
         # dim=None repeats the flattened tensor (every dim gathered)
-        if "repeats" in call.arg_roles:
-            raise ShardingError(
-                f"{call.describe()}: a tensor `repeats` gives an output shape that depends on "
-                f"its values, which a sharding decision cannot know; pass an int repeats, or "
-                f"run it on full tensors (x.full_tensor(), repeats.full_tensor())"
-            )
+        if "repeats" in call.arg_roles:  # sized by the values of repeats: run it whole
+            raise ValueDependentShape
         spec = self._one(call)
         reps = st.get("repeats")
         if isinstance(reps, bool) or not isinstance(reps, int):

@@ -16,9 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..dispatch.op import OpCall
-from ..errors import ShardingError
 from ._util import as_int, normalize_dim
-from .planned import OpPlan
+from .planned import OpPlan, ValueDependentShape
 from .tensor_ops import _KINDS
 
 __all__ = ["tensor_split_pieces"]
@@ -54,12 +53,8 @@ def tensor_split_pieces(extent: int, arg: Any) -> tuple[list[int], list[int]]:
 
 
 def _pieces_arg(op: Any, call: OpCall, st: dict) -> Any:
-    if any(r in _ARGS for r in call.arg_roles):
-        raise ShardingError(
-            f"{call.describe()}: a tensor of split indices makes the piece sizes depend on its "
-            f"values, which a sharding decision cannot know; pass them as python ints "
-            f"(indices.tolist())"
-        )
+    if any(r in _ARGS for r in call.arg_roles):  # pieces sized by the values: run it whole
+        raise ValueDependentShape
     for name in _ARGS:
         if st.get(name) is not None:
             return st[name]

@@ -48,25 +48,7 @@ _RUNNING_STATS = XFail(
     r"running_(mean|var) cannot be updated)",
 )
 
-_DATA_DEPENDENT = XFail(
-    "by design (rule: data_dependent): the output shape depends on the values, which a "
-    "sharding decision cannot know (PyTorch DTensor cannot either); hyper_shard raises a "
-    "ShardingError naming the same-shape alternative or x.full_tensor()",
-    msg=r"ShardingError: .*the output shape depends on the values",
-)
-
 XFAILS: dict[str, list[XFail]] = {
-    **{
-        k: [_DATA_DEPENDENT]
-        for k in (
-            "nonzero",
-            "argwhere",
-            "masked_select",
-            "unique",
-            "unique_consecutive",
-            "bincount",
-        )
-    },
     "nn.functional.batch_norm": [_RUNNING_STATS],
     "nn.functional.instance_norm": [_RUNNING_STATS],
     **{
@@ -88,14 +70,6 @@ XFAILS: dict[str, list[XFail]] = {
     },  # fmt: skip
     "scatter": [_SCATTER_INPLACE],
     "scatter_add": [_SCATTER_INPLACE],
-    "repeat_interleave": [
-        XFail(
-            "by design: a tensor `repeats` gives a data-dependent output shape (sum of its "
-            "values); hyper_shard raises a ShardingError suggesting an int repeats or full "
-            "tensors",
-            msg=r"ShardingError: .*tensor `repeats`",
-        )
-    ],
     "addbmm": [
         XFail(
             "by design: torch's Tensor.addbmm_ resizes a broadcastable self of shape (1,) or () "
@@ -117,14 +91,6 @@ XFAILS: dict[str, list[XFail]] = {
             combo=r"^[^;]*;[^;]*; [^;]*P",
         )
     ],
-    "nn.functional.one_hot": [
-        XFail(
-            "by design: num_classes=-1 sizes the output by the largest value (data-dependent); "
-            "hyper_shard raises a ShardingError asking for num_classes",
-            msg=r"ShardingError: .*num_classes=-1",
-            sample=r"num_classes=-1",
-        )
-    ],
     "renorm": [
         XFail(
             "not supported, as PyTorch DTensor: Tensor.renorm_ on a target sharded on a dim the "
@@ -132,20 +98,6 @@ XFAILS: dict[str, list[XFail]] = {
             "ShardingError naming the fix (redistribute it first, or the out-of-place op)",
             msg=r"ShardingError: .*no sharding of the inputs fits Tensor\.renorm_",
             variant=r"^Tensor\.renorm_$",
-        )
-    ],
-    "tensor_split": [
-        XFail(
-            "by design: a tensor of split indices gives piece sizes that depend on its values; "
-            "hyper_shard raises a ShardingError suggesting python ints (indices.tolist())",
-            msg=r"ShardingError: .*a tensor of split indices",
-        )
-    ],
-    "__getitem__": [
-        XFail(
-            "by design: x[mask] with a boolean-mask DTensor has a data-dependent shape; "
-            "hyper_shard raises a ShardingError suggesting torch.where/masked_fill",
-            msg=r"ShardingError: .*boolean mask",
         )
     ],
 }

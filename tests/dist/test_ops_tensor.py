@@ -155,10 +155,12 @@ def check_getitem(rank, world):
     out = xr[ids]
     assert out.placements == tuple(_placements(mesh, Shard(0)))
     assert_dtensor_close(out, x[idx2])
-    # a boolean mask read has a data-dependent shape: a clear error
+    # a boolean mask read has a data-dependent shape: run whole, a Replicate result
     mask = dt_from_global(x > 0, mesh, _placements(mesh))
-    with pytest.raises(ShardingError, match="depends on the mask's values"):
-        xr[mask]
+    for xin in (xr, dt_from_global(x, mesh, _placements(mesh, Shard(1)))):
+        got = xin[mask]
+        assert got.placements == tuple(_placements(mesh))
+        assert_dtensor_close(got, x[x > 0])
     with pytest.raises(IndexError, match="too many indices"):
         xr[0, 0, 0]
     with pytest.raises(IndexError, match="out of bounds"):
@@ -282,8 +284,11 @@ def check_index_ops(rank, world):
         dt_from_global(x, mesh, _placements(mesh, Partial())).masked_fill_(
             dt_from_global(rowmask, mesh, _placements(mesh)), 3.0
         )
-    with pytest.raises(ShardingError, match="depends on the values"):
-        torch.where(dt_from_global(mask, mesh, _placements(mesh, Shard(0))))
+    # torch.where(cond) is nonzero(as_tuple=True): value-dependent, run whole
+    got = torch.where(dt_from_global(mask, mesh, _placements(mesh, Shard(0))))
+    for g, want in zip(got, torch.where(mask)):
+        assert g.placements == tuple(_placements(mesh))
+        assert_dtensor_close(g, want)
     # a sharded index shards the output; the input is gathered on the indexed dim only
     xs = dt_from_global(x, mesh, _placements(mesh, Shard(1)))
     ids = dt_from_global(sel, mesh, _placements(mesh, Shard(0)))
