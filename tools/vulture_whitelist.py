@@ -81,3 +81,7 @@ _.reduces  # and its gradient-reduction counter (test_ms_fsdp_policies.py)
 
 # _register_sharding.unregister: drops a register_sharding strategy (tests restore the registry)
 _.unregister
+
+# debug.CommDebugMode: PyTorch's interface, read by users and tests
+_.get_comm_counts
+_.get_total_counts
