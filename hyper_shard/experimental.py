@@ -16,7 +16,13 @@ from .dispatch.switches import implicit_replication_block
 from .mesh import DeviceMesh
 from .placement import Placement
 
-__all__ = ["implicit_replication", "local_map", "LocalMapError", "register_sharding"]
+__all__ = [
+    "context_parallel",
+    "implicit_replication",
+    "local_map",
+    "LocalMapError",
+    "register_sharding",
+]
 
 
 class LocalMapError(TypeError, AssertionError):
@@ -322,3 +328,60 @@ def register_sharding(op: Any) -> Callable[[Callable[..., Any]], Callable[..., A
         return fn
 
     return wrapper
+
+
+@contextmanager
+def context_parallel(
+    mesh: Any,
+    *,
+    buffers: list[Any] | None = None,
+    buffer_seq_dims: list[int] | None = None,
+    no_restore_buffers: set[Any] | None = None,
+) -> Iterator[None]:
+    """Context parallelism, as PyTorch's ``torch.distributed.tensor.experimental.
+    context_parallel`` (same signature; torch).
+
+    Inside the block, each of ``buffers`` (plain tensors: input ids, labels, position
+    ids... never parameters) holds, in place, this rank's ``torch.chunk`` piece of its
+    sequence dim ``buffer_seq_dims[i]`` (its shape changes), and
+    ``torch.nn.functional.scaled_dot_product_attention`` called on plain local
+    ``(*batch, heads, seq_piece, E)`` tensors attends over the whole sequence: key and
+    value are all-gathered along the sequence (backward: reduce-scatter), the query stays
+    local, ``is_causal=True`` is shifted by the piece's global offset; it returns the local
+    output piece. On exit every buffer gets its original values back, except those in
+    ``no_restore_buffers``; the function is restored.
+
+    Differences from PyTorch: the pieces are contiguous ``torch.chunk`` pieces (PyTorch
+    reorders a causal sequence head-tail to balance the work; the results are the same,
+    the per-rank cost of causal attention is not balanced); key/value are all-gathered
+    (PyTorch's default rotation is also an all-gather); an explicit ``attn_mask`` raises
+    ``NotImplementedError``. Model code must look the function up at call time
+    (``F.scaled_dot_product_attention(...)``), as with PyTorch's patch.
+
+    Args:
+        mesh: a 1-D DeviceMesh (hyper_shard's or torch's) over the context-parallel ranks.
+        buffers: the tensors to shard along their sequence dims.
+        buffer_seq_dims: one sequence dim per buffer.
+        no_restore_buffers: buffers (a subset of ``buffers``) left as pieces on exit.
+
+    Raises:
+        ValueError: ``buffers`` and ``buffer_seq_dims`` of different lengths,
+            ``no_restore_buffers`` not a subset of ``buffers``, a Parameter buffer, or a
+            mesh that is not 1-D (PyTorch's messages where it has them).
+        NotImplementedError: a MindSpore mesh.
+    """
+    from .mesh import as_mesh
+
+    m = as_mesh(mesh, "context_parallel")
+    if m.platform.name != "torch":
+        raise NotImplementedError(
+            "context_parallel is available for torch meshes; on MindSpore shard the "
+            "sequence with DTensors (distribute_tensor(x, mesh, [Shard(seq_dim)])): its "
+            "attention rule runs the same sequence-parallel attention"
+        )
+    from .platform.torch.context_parallel import context_parallel as impl
+
+    with impl(
+        m, buffers=buffers, buffer_seq_dims=buffer_seq_dims, no_restore_buffers=no_restore_buffers
+    ):
+        yield

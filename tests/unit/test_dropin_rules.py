@@ -125,7 +125,8 @@ def test_a_mesh_unpickled_without_a_live_one_is_detached() -> None:
 
 def test_pytorch_public_names_exist() -> None:
     """Every public name of PyTorch's DTensor modules exists under hyper_shard's, so
-    switching imports finds it (the behaviour of each is tested elsewhere)."""
+    switching imports finds it (the behaviour of each is tested elsewhere: local_map,
+    register_sharding, context_parallel, CommDebugMode in tests/dist)."""
     import torch.distributed.tensor as T
     import torch.distributed.tensor.debug as TD
     import torch.distributed.tensor.experimental as TE
@@ -137,8 +138,5 @@ def test_pytorch_public_names_exist() -> None:
     import hyper_shard.parallel as hp
 
     pairs = [(T, hs), (TP, hp), (TD, hd), (TE, he)]
-    # context_parallel (ring attention over sequence shards) is not built yet
-    missing = {(t.__name__, n) for t, h in pairs for n in t.__all__ if not hasattr(h, n)} - {
-        ("torch.distributed.tensor.experimental", "context_parallel")
-    }
+    missing = {(t.__name__, n) for t, h in pairs for n in t.__all__ if not hasattr(h, n)}
     assert not missing, sorted(missing)
