@@ -367,7 +367,13 @@ def check_local_map(rank: int, world: int) -> tuple:
     out = mm(a, b)
     ga, gb = grad(lambda u, v: mm(u, v).sum(), (0, 1))(a, b)  # DTensor gradients
     mismatch = _try(lambda: local_map(mint.neg, [Shard(0)], in_placements=([Shard(1)],))(a))
+    from hyper_shard.debug import CommDebugMode
+
+    with CommDebugMode() as comm:  # PyTorch's interface, on MindSpore too
+        a.full_tensor()
+    counts = (comm.get_total_counts(), comm.get_comm_counts()["all_gather"])
     return (
+        counts,
         tuple(out.shape),
         str(out.placements),
         out.full_tensor().asnumpy(),
@@ -381,7 +387,8 @@ def test_local_map(ms2):
     """hyper_shard.experimental.local_map on MindSpore (as on torch, tests/dist/test_local_map.py):
     values and gradients of a local matmul equal plain numpy's."""
     B = np.arange(12, dtype=np.float32).reshape(4, 3) / 5.0
-    for shape, pl, full, ga, gb, mismatch in ms2.run(check_local_map):
+    for counts, shape, pl, full, ga, gb, mismatch in ms2.run(check_local_map):
+        assert counts == (1, 1)  # full_tensor of a Shard(0) tensor: one all-gather
         assert shape == (5, 3) and pl == "(Shard(dim=0),)"
         np.testing.assert_allclose(full, X @ B, rtol=1e-5)
         np.testing.assert_allclose(ga, np.ones((5, 3), np.float32) @ B.T, rtol=1e-5)
