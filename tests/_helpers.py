@@ -79,6 +79,19 @@ def assert_dtensor_close(
     torch.testing.assert_close(dt.to_local(), want, rtol=rtol, atol=atol)
 
 
+def assert_close_any(got: Any, ref: torch.Tensor, **kw: Any) -> None:
+    """``got`` (a DTensor, compared by its global value, or a plain tensor) equals ``ref``."""
+    if isinstance(got, DTensor):
+        assert_dtensor_close(got, ref, **kw)
+    else:
+        torch.testing.assert_close(got, ref, **kw)
+
+
+def replicate(t: torch.Tensor, mesh: Any) -> Any:
+    """``t`` as a DTensor Replicate on every dim of ``mesh``."""
+    return distribute_tensor(t, mesh, [Replicate()] * mesh.ndim)
+
+
 def _local_objective(o: Any, w: torch.Tensor) -> torch.Tensor:
     """This rank's share of ``sum(o * w)`` computed on the local shard (PyTorch's default
     gradient placements of ``to_local`` make the shares add up to the global objective)."""

@@ -17,20 +17,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from hyper_shard import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh
-from tests._helpers import assert_dtensor_close
+from tests._helpers import assert_close_any as _eq
+from tests._helpers import replicate as _rep
 
 pytestmark = pytest.mark.multiproc
-
-
-def _eq(got, ref, **kw):
-    if isinstance(got, DTensor):
-        assert_dtensor_close(got, ref, **kw)
-    else:
-        torch.testing.assert_close(got, ref, **kw)
-
-
-def _rep(t, mesh):
-    return distribute_tensor(t, mesh, [Replicate()] * mesh.ndim)
 
 
 def check_values(rank, world):
