@@ -32,6 +32,8 @@ class _Lib:
         self.DeviceMesh, self.init_device_mesh = DeviceMesh, init_device_mesh
         self.DTensor, self.distribute_tensor = T.DTensor, T.distribute_tensor
         self.Shard, self.Replicate, self.Partial = T.Shard, T.Replicate, T.Partial
+        for f in ("zeros", "ones", "empty", "full", "rand", "randn"):
+            setattr(self, f, getattr(T, f))
         self._meshes: dict = {}
 
     def mesh(self, shape: tuple, names: tuple | None = None):
