@@ -610,3 +610,44 @@ def check_aten_slice_and_init(rank, world):
 
 def test_aten_slice_and_init(dist4):
     assert dist4.run(check_aten_slice_and_init) == [True] * 4
+
+
+# ----------------------------------------------------- _StridedShard (FSDP2 x TP layouts)
+def check_strided_shard(rank, world):
+    """PyTorch's ``_StridedShard`` placements (test_redistribute, test_view_ops and FSDP2 x
+    TP construct them from ``torch.distributed.tensor.placement_types``) given to
+    ``distribute_tensor``, ``from_local`` and ``redistribute``: the local shards, global
+    values and redistributed results agree with torch's. hyper_shard reports the layout as
+    ``Shard`` placements plus a split order (docs/parallel.md), so placements are compared
+    after redistributing to plain ones."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    x = torch.arange(96.0).reshape(8, 12)
+
+    def run(L):
+        mesh = L.mesh((2, world // 2), ("dp", "tp"))
+        S, R = L.Shard, L.Replicate
+        out = []
+        for pl in (
+            [_StridedShard(0, split_factor=2), S(0)],
+            [_StridedShard(1, split_factor=2), S(1)],
+            [_StridedShard(0, split_factor=2), S(0)],
+        ):
+            d = L.distribute_tensor(x.clone(), mesh, pl)
+            out += [d.to_local(), _full(d), tuple(d.shape), d.stride()]
+            out += [d.redistribute(mesh, [R(), R()]), d.redistribute(mesh, [S(0), R()])]
+            f = L.DTensor.from_local(d.to_local(), mesh, pl)
+            out += [_full(f), tuple(f.shape)]
+            e = L.distribute_tensor(x.clone(), mesh, [S(pl[1].dim), S(pl[1].dim)])
+            g = e.redistribute(mesh, pl)
+            out += [g.to_local(), _full(g)]
+        m1 = L.mesh((world,))
+        one = L.distribute_tensor(x.clone(), m1, [_StridedShard(0, split_factor=1)])
+        return out + [one.to_local()]
+
+    _both(run, "_StridedShard")
+    return _done()
+
+
+def test_strided_shard(dist4):
+    assert dist4.run(check_strided_shard) == [True] * 4
