@@ -651,3 +651,208 @@ def check_strided_shard(rank, world):
 
 def test_strided_shard(dist4):
     assert dist4.run(check_strided_shard) == [True] * 4
+
+
+# --------------------------------------------------------------------- test_dtensor.py
+def check_dtensor_api(rank, world):
+    """test_dtensor: meta DTensors materialised by empty_like + nn.init, global strides of
+    from_local (transposed locals too), from_local sizes for each placement, gradients
+    through non-leaf locals and through to_local, uneven from_local with shape and stride
+    (and the error for one of them alone), negative shard dims, grad_placements hints of
+    to_local/full_tensor, new_empty_strided with requires_grad, placements copied at
+    construction, the default mesh of ``with mesh:``, 2-D from_local sizes, sub-meshes,
+    and a parallelized meta-device model trained against one built on CPU."""
+
+    def m(L):
+        return L.DeviceMesh("cpu", list(range(world)))
+
+    def meta(L):
+        out = []
+        for pl in ([L.Shard(0)], [L.Replicate()]):
+            mt = torch.randn(64, 32, device="meta")
+            d = L.distribute_tensor(mt, m(L), pl)
+            e = torch.empty_like(d, device="cpu")
+            torch.nn.init.constant_(e, 1.2)
+            f = torch.empty_like(L.DTensor.from_local(mt, m(L), pl), device="cpu")
+            torch.nn.init.constant_(f, 1.5)
+            out += [d.is_meta, e.is_meta, e.device.type, e.to_local(), f, f.to_local()]
+        return out
+
+    _both(meta, "meta DTensors")
+
+    def strides(L):
+        a = L.DTensor.from_local(_r(4, 8, seed=rank), m(L), [L.Shard(0)])
+        b = L.DTensor.from_local(_r(8, 4, seed=rank), m(L), [L.Shard(1)])
+        c = L.DTensor.from_local(_r(8, 4, 8, seed=rank).permute(1, 2, 0), m(L), [L.Shard(1)])
+        return a.stride(), b.stride(), c.stride()
+
+    _both(strides, "from_local strides")
+
+    def sizes(L):
+        t = _r(3, 3, seed=rank)
+        return [
+            tuple(L.DTensor.from_local(t, m(L), [p]).size())
+            for p in (L.Shard(0), L.Replicate(), L.Partial(), L.Shard(-1))
+        ] + [L.DTensor.from_local(t, m(L), [L.Shard(-1)]).placements[0].dim]
+
+    _both(sizes, "from_local sizes")
+
+    def grads(L):
+        w = _r(3, 3, seed=rank).requires_grad_()
+        d = L.DTensor.from_local(w * 3, m(L), [L.Shard(0)])
+        out = d * 3
+        out.backward(L.DTensor.from_local(torch.ones(3, 3), m(L), [L.Shard(0)]))
+        v = _r(3, 3, seed=rank).requires_grad_()
+        e = L.DTensor.from_local(v + 8, m(L), [L.Shard(0)])
+        n = _r(3, 3, seed=9).requires_grad_()
+        ((e * 6).to_local() + n).sum().backward()
+        s = L.distribute_tensor(_r(12, 3).requires_grad_(), m(L), [L.Shard(0)])
+        ((s * 3).to_local() + n).sum().backward()
+        return d.is_leaf, out, w.grad, e.is_leaf, v.grad, s.grad, s.grad.to_local()
+
+    _both(grads, "gradients through from_local/to_local")
+
+    def uneven(L):
+        g = _r(world + 1, 2)
+        ch = list(torch.chunk(g, world))  # torch.chunk's layout: trailing ranks may be empty
+        loc = ch[rank] if rank < len(ch) else g[:0]
+        d = L.DTensor.from_local(loc, m(L), [L.Shard(0)], shape=g.size(), stride=g.stride())
+        return tuple(d.size()), d.stride(), _full(d)
+
+    _both(uneven, "uneven from_local")
+    for kw in ("shape", "stride"):
+
+        def half(L, kw=kw):
+            g = _r(world + 1, 2)
+            ch = list(torch.chunk(g, world))
+            loc = ch[rank] if rank < len(ch) else g[:0]
+            arg = {"shape": g.size()} if kw == "shape" else {"stride": g.stride()}
+            return L.DTensor.from_local(loc, m(L), [L.Shard(0)], **arg)
+
+        _both(half, f"from_local with {kw} only")
+
+    def hints(L):
+        g = torch.ones(8, 3, requires_grad=True)
+        s = L.distribute_tensor(g, m(L), [L.Shard(0)])
+        lo = s.redistribute(placements=[L.Replicate()]).to_local(grad_placements=[L.Partial()])
+        lo.backward(torch.ones_like(lo))
+        g2 = torch.ones(8, 3, requires_grad=True)
+        s2 = L.distribute_tensor(g2, m(L), [L.Shard(0)])
+        s2.full_tensor(grad_placements=[L.Partial()]).sum().backward()
+        return s.grad, s2.grad, s.full_tensor()
+
+    _both(hints, "grad_placements hints")
+
+    def new_empty_strided(L):
+        lt = _r(8, 8).requires_grad_()
+        d = L.distribute_tensor(lt, m(L), [L.Shard(0)])
+        n = d.new_empty_strided((8, 8), (8, 1), requires_grad=True)
+        n.sum().backward()
+        d.to_local().sum().backward()
+        # n.grad: torch keeps the placement backward produced (Replicate), hyper_shard the
+        # leaf's (Shard(0), the gradient contract); the values agree
+        rep = d.grad.redistribute(placements=[L.Replicate()]).to_local()
+        return (
+            tuple(n.shape),
+            n.placements == d.placements,
+            n.to_local().shape,
+            _full(n.grad),
+            d.grad,
+            rep,
+        )
+
+    _both(new_empty_strided, "new_empty_strided backward")
+
+    def read_only(L):
+        pl = [L.Shard(0)]
+        d = L.DTensor.from_local(_r(3, 3, seed=rank), m(L), pl)
+        pl[0] = L.Replicate()
+        return d.placements is not pl, d.placements != tuple(pl), d.device.type
+
+    _both(read_only, "placements copied")
+
+    def default_mesh(L):
+        with m(L) as mesh:
+            a = L.DTensor.from_local(_r(3, 3, seed=rank), device_mesh=mesh, placements=[L.Shard(0)])
+        with m(L):
+            b = L.DTensor.from_local(_r(3, 3, seed=rank), placements=[L.Shard(0)])
+            r = b.redistribute(placements=[L.Replicate()])
+        m2 = L.DeviceMesh("cpu", torch.arange(world).reshape(2, 2))
+        with m(L):
+            g = _r(3 * world, 3)
+            c = L.distribute_tensor(g, placements=[L.Shard(0)])
+            with m2:
+                t2 = L.distribute_tensor(g, placements=[L.Shard(0), L.Replicate()])
+            after = L.distribute_tensor(g, placements=[L.Shard(0)])
+        return a, r, c.to_local(), t2.to_local(), after.to_local()
+
+    _both(default_mesh, "with mesh:")
+
+    def two_d(L):
+        m2 = L.DeviceMesh("cpu", torch.arange(world).reshape(2, 2))
+        a = L.DTensor.from_local(_r(3, 3, seed=rank), m2, [L.Shard(0), L.Shard(1)])
+        b = L.DTensor.from_local(_r(3, 3, seed=rank), m2, [L.Shard(0), L.Shard(0)])
+        sub = L.DeviceMesh("cpu", [0, 2])
+        c = L.DTensor.from_local(torch.ones(3, 4), sub, [L.Shard(0)])
+        return (
+            tuple(a.size()),
+            tuple(b.size()),
+            a,
+            b,
+            tuple(c.size()),
+            c.to_local(),
+            (c + c).to_local(),
+        )
+
+    _both(two_d, "2-D and sub-mesh from_local")
+
+    def meta_model(L):
+        from torch import nn
+
+        if L.name == "torch":
+            from torch.distributed.tensor.parallel import (
+                ColwiseParallel,
+                RowwiseParallel,
+                parallelize_module,
+            )
+        else:
+            from hyper_shard.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        class MLP(nn.Module):
+            def __init__(self, device):
+                super().__init__()
+                self.net1 = nn.Linear(5, 64, device=device)
+                self.net2 = nn.Linear(64, 4, device=device)
+
+            def forward(self, x):
+                return self.net2(torch.relu(self.net1(x)))
+
+            def reset_parameters(self):
+                with torch.no_grad():
+                    self.net1.weight.fill_(0.5)
+                    self.net2.weight.fill_(1)
+                    self.net1.bias.fill_(1.5)
+                    self.net2.bias.fill_(1.2)
+
+        plan = {"net1": ColwiseParallel(), "net2": RowwiseParallel()}
+        a = parallelize_module(MLP("meta"), m(L), plan)
+        a.to_empty(device="cpu")
+        a.reset_parameters()
+        b = parallelize_module(MLP("cpu"), m(L), plan)
+        b.reset_parameters()
+        oa, ob = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+        inp = _r(20, 5)
+        ya, yb = a(inp), b(inp)
+        ya.sum().backward()
+        yb.sum().backward()
+        oa.step()
+        ob.step()
+        inp2 = _r(20, 5, seed=1)
+        return ya, yb, a(inp2), b(inp2)
+
+    _both(meta_model, "meta-device parallelized model")
+    return _done()
+
+
+def test_dtensor_api(dist4):
+    assert dist4.run(check_dtensor_api) == [True] * 4
