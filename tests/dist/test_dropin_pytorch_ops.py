@@ -856,3 +856,109 @@ def check_dtensor_api(rank, world):
 
 def test_dtensor_api(dist4):
     assert dist4.run(check_dtensor_api) == [True] * 4
+
+
+# ------------------------------------------------------------------- test_math_ops.py
+def check_math_ops(rank, world):
+    """test_math_ops: the linear reductions (all/sum/prod/max/min/any/amax/amin) over every
+    dim with and without keepdim and over everything, softmax over each dim of each
+    sharding (the placements where softmax does not cross the sharded dim; the values
+    everywhere: over the sharded dim hyper_shard keeps the cheapest plan's placements,
+    docs/parallel.md), elementwise ops of doubly sharded tensors on a 2-D mesh, LayerNorm
+    through distribute_module with replicated parameters, nll_loss / cross_entropy of
+    sharded inputs (values and gradients)."""
+
+    def m(L):
+        return L.mesh((world,))
+
+    for op_str in ("all", "sum", "prod", "max", "min", "any", "amax", "amin"):
+
+        def red(L, op_str=op_str):
+            t = _r(12, 8, 8)
+            if op_str in ("any", "all"):
+                t = t < 0
+            d = L.distribute_tensor(t, m(L), [L.Shard(0)])
+            op = getattr(d, op_str)
+            out = []
+            for dim in range(3):
+                for kd in (True, False, None):
+                    args = (dim, kd) if kd is not None else (dim,)
+                    r = op(*args)
+                    out.append(_full(r[0] if op_str in ("max", "min") else r))
+            return out + [_full(op())]
+
+        _both(red, f"reduction {op_str}")
+
+    def softmax(L):
+        x = torch.rand(8, 12, 16, generator=torch.Generator().manual_seed(0))
+        out = []
+        for sm in (-1, 0, 1, 2):
+            for sd in (-1, 0, 1, 2):
+                d = L.distribute_tensor(x, m(L), [L.Shard(sd)])
+                y = torch.nn.functional.softmax(d, dim=sm, dtype=torch.float32)
+                out.append(y if sm % 3 != sd % 3 else _full(y))
+        return out
+
+    _both(softmax, "softmax")
+
+    def two_d(L):
+        mesh = L.DeviceMesh("cpu", torch.arange(world).reshape(2, world // 2))
+        g = torch.ones(4, 4)
+        a = L.distribute_tensor(g, mesh, [L.Shard(0), L.Shard(0)])
+        b = L.distribute_tensor(g, mesh, [L.Shard(0), L.Shard(1)])
+        return [(op(a, 2), op(b, 2)) for op in (torch.add, torch.sub, torch.mul, torch.div)]
+
+    _both(two_d, "elementwise on a 2-D mesh")
+
+    def layer_norm(L):
+        import copy
+
+        if L.name == "torch":
+            from torch.distributed.tensor import distribute_module
+        else:
+            from hyper_shard.parallel import distribute_module
+        x = torch.rand(20, 5, 10, generator=torch.Generator().manual_seed(0))
+        out = []
+        for sd in (-1, 0, 1, 2):
+            for ni in (0, 1, 2):
+                for aff in (False, True):
+                    torch.manual_seed(0)
+                    ln = torch.nn.LayerNorm(x.shape[ni:], elementwise_affine=aff)
+                    if aff:
+                        with torch.no_grad():
+                            ln.weight.copy_(_r(*x.shape[ni:], seed=1))
+                            ln.bias.copy_(_r(*x.shape[ni:], seed=2))
+
+                    def rep(name, module, mesh):
+                        for n, p in module.named_parameters():
+                            dp = torch.nn.Parameter(L.distribute_tensor(p, mesh, [L.Replicate()]))
+                            module.register_parameter(n, dp)
+
+                    dist_ln = distribute_module(copy.deepcopy(ln), m(L), rep)
+                    y = dist_ln(L.distribute_tensor(x, m(L), [L.Shard(sd)]))
+                    out += [tuple(y.shape), _full(y)]
+        return out
+
+    _both(layer_norm, "LayerNorm via distribute_module")
+
+    def losses(L):
+        out = []
+        for size, tsize in (((8, 16), (8,)), ((8, 16, 12), (8, 12))):
+            x = torch.rand(*size, generator=torch.Generator().manual_seed(3))
+            tgt = torch.randint(16, tsize, generator=torch.Generator().manual_seed(4))
+            dt = L.distribute_tensor(tgt, m(L), [L.Replicate()])
+            for sd in range(len(size)):
+                for reduction in ("none", "mean", "sum"):
+                    for fn in (torch.nn.functional.nll_loss, torch.nn.functional.cross_entropy):
+                        dx = L.distribute_tensor(x.clone().requires_grad_(), m(L), [L.Shard(sd)])
+                        y = fn(dx, dt, reduction=reduction)
+                        (y.sum() if reduction == "none" else y).backward()
+                        out += [_full(y), _full(dx.grad)]
+        return out
+
+    _both(losses, "nll_loss / cross_entropy")
+    return _done()
+
+
+def test_math_ops(dist4):
+    assert dist4.run(check_math_ops) == [True] * 4
