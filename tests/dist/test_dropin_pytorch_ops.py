@@ -962,3 +962,87 @@ def check_math_ops(rank, world):
 
 def test_math_ops(dist4):
     assert dist4.run(check_math_ops) == [True] * 4
+
+
+# ----------------------------------------------------------------- test_matrix_ops.py
+def check_matrix_ops(rank, world):
+    """test_matrix_ops: addmm for each single-dim strategy (1-D, 2-D, 0-d, (1, N) and (M, 1)
+    biases; output placements and values), addmm of an empty operand, addmm of
+    contraction-sharded inputs (a Partial result, gradients), mm of every pair of
+    placements (values and gradients)."""
+
+    def m(L):
+        return L.mesh((world,))
+
+    M, K, N = 12, 8, 4
+    m1, m2 = _r(M, K, seed=1), _r(K, N, seed=2)
+    biases = {
+        "1d": _r(N, seed=3),
+        "2d": _r(M, N, seed=4),
+        "0d": _r(1, seed=5)[0],
+        "1n": _r(1, N, seed=6),
+        "m1": _r(M, 1, seed=7),
+    }
+
+    def addmm(L):
+        S, R, P = L.Shard, L.Replicate, L.Partial
+        d = lambda t, p: L.distribute_tensor(t.clone(), m(L), [p])  # noqa: E731
+        cases = [
+            ("1d", R(), S(0), R()),
+            ("2d", S(0), S(0), R()),
+            ("1d", S(0), R(), S(1)),
+            ("2d", S(1), R(), S(1)),
+            ("1d", P(), S(1), S(0)),
+            ("2d", P(), S(1), S(0)),
+            ("1d", R(), R(), R()),
+            ("2d", R(), R(), R()),
+            ("0d", R(), S(0), R()),
+            ("0d", R(), R(), S(1)),
+            ("1n", R(), S(0), R()),
+            ("1n", S(1), R(), S(1)),
+            ("m1", S(0), S(0), R()),
+            ("m1", R(), R(), S(1)),
+        ]
+        return [torch.addmm(d(biases[b], pb), d(m1, p1), d(m2, p2)) for b, pb, p1, p2 in cases]
+
+    _both(addmm, "addmm strategies")
+
+    def empty(L):
+        a = L.distribute_tensor(_r(12, 0), m(L), [L.Shard(0)])
+        b = L.distribute_tensor(_r(0, 4), m(L), [L.Replicate()])
+        i = L.distribute_tensor(_r(4), m(L), [L.Replicate()])
+        return _full(torch.addmm(i, a, b))
+
+    _both(empty, "addmm of an empty operand")
+
+    def auto(L):
+        t1, t2 = m1.clone().requires_grad_(), m2.clone().requires_grad_()
+        a = L.distribute_tensor(t1, m(L), [L.Shard(1)])
+        b = L.distribute_tensor(t2, m(L), [L.Shard(0)])
+        i = L.distribute_tensor(_r(N, seed=3).requires_grad_(), m(L), [L.Replicate()])
+        r = torch.addmm(i, a, b)
+        f = r.full_tensor()
+        f.sum().backward()
+        return r, f, b.grad, a.grad
+
+    _both(auto, "addmm auto redistribute")
+
+    def mm(L):
+        S, R = L.Shard, L.Replicate
+        out = []
+        for p1 in (S(0), S(1), R()):
+            for p2 in (S(0), S(1), R()):
+                t1, t2 = _r(12, 8, seed=8).requires_grad_(), _r(8, 16, seed=9).requires_grad_()
+                a = L.distribute_tensor(t1, m(L), [p1])
+                b = L.distribute_tensor(t2, m(L), [p2])
+                r = torch.mm(a, b).redistribute(m(L), [R()])
+                r.backward(torch.ones_like(r))
+                out += [r.to_local(), _full(a.grad), _full(b.grad)]
+        return out
+
+    _both(mm, "mm of every placement pair")
+    return _done()
+
+
+def test_matrix_ops(dist4):
+    assert dist4.run(check_matrix_ops) == [True] * 4
