@@ -1046,3 +1046,56 @@ def check_matrix_ops(rank, world):
 
 def test_matrix_ops(dist4):
     assert dist4.run(check_matrix_ops) == [True] * 4
+
+
+# -------------------------------------------------------------------- test_view_ops.py
+def check_view_ops(rank, world):
+    """test_view_ops: view-like ops (view/reshape/flatten/unflatten/squeeze/unsqueeze/
+    permute/transpose/movedim/expand/t/swapaxes/view_as_real) of every 1-D sharding: the
+    placements, shapes, strides and values torch gives; on a 2-D mesh the values."""
+    views = {
+        "view": lambda x: x.view(6, 16, 2),
+        "reshape": lambda x: x.reshape(-1, 4),
+        "flatten": lambda x: x.flatten(1),
+        "flatten0": lambda x: x.flatten(0, 1),
+        "unflatten": lambda x: x.unflatten(1, (4, 2)),
+        "unsqueeze": lambda x: x.unsqueeze(1),
+        "squeeze": lambda x: x.unsqueeze(0).squeeze(0),
+        "permute": lambda x: x.permute(2, 0, 1),
+        "transpose": lambda x: x.transpose(0, 2),
+        "movedim": lambda x: torch.movedim(x, 0, -1),
+        "expand": lambda x: x[:, :1].expand(12, 5, 4),
+        "swapaxes": lambda x: x.swapaxes(1, 2),
+        "view_as_complex": lambda x: torch.view_as_real(torch.view_as_complex(x.reshape(12, 8, 2))),
+    }
+    g = _r(12, 8, 4)
+    for name, fn in views.items():
+
+        def run(L, fn=fn, name=name):
+            mesh = L.mesh((world,))
+            out = []
+            for p in (L.Shard(0), L.Shard(1), L.Shard(2), L.Replicate()):
+                r = fn(L.distribute_tensor(g.clone(), mesh, [p]))
+                # merging a sharded inner dim: torch's placement is a _StridedShard,
+                # hyper_shard's a Shard after an all-to-all (docs/parallel.md); slicing a
+                # sharded dim before expand: the cheapest plan's placement
+                merged = name in ("reshape", "flatten", "flatten0", "expand") and p.is_shard()
+                out.append((tuple(r.shape), r.stride(), _full(r)) if merged else r)
+            return out
+
+        _both(run, f"view op {name}")
+
+        def run2(L, fn=fn):
+            mesh = L.mesh((2, world // 2), ("a", "b"))
+            S = L.Shard
+            return [
+                _full(fn(L.distribute_tensor(g.clone(), mesh, p)))
+                for p in ([S(0), S(1)], [S(1), S(0)], [S(0), S(0)], [S(2), L.Replicate()])
+            ]
+
+        _both(run2, f"view op {name} on a 2-D mesh")
+    return _done()
+
+
+def test_view_ops(dist4):
+    assert dist4.run(check_view_ops) == [True] * 4

@@ -58,6 +58,8 @@ LIBS = ("torch", "hs")
 
 def _canon(p) -> str:
     name = type(p).__name__
+    if name == "_StridedShard":
+        return f"_StridedShard({p.dim}, sf={p.split_factor})"
     if name == "Shard":
         return f"S({p.dim})"
     if name == "Replicate":
