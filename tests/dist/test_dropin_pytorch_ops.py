@@ -1099,3 +1099,36 @@ def check_view_ops(rank, world):
 
 def test_view_ops(dist4):
     assert dist4.run(check_view_ops) == [True] * 4
+
+
+# --------------------------------------------------------------- test_embedding_ops.py
+def check_embedding_ops(rank, world):
+    """test_embedding_ops: F.embedding with a column-sharded weight (Shard(1): the output
+    sharded on its last dim) and a row-sharded one (torch: the internal _MaskPartial;
+    compared by value), with max_norm unset and set, and the weight gradients."""
+
+    def m(L):
+        return L.mesh((world,))
+
+    w0 = _r(16, 8)
+    idx = torch.randint(16, (6, 5), generator=torch.Generator().manual_seed(1))
+
+    def run(L):
+        out = []
+        for p in (L.Shard(1), L.Shard(0), L.Replicate()):
+            w = L.distribute_tensor(w0.clone().requires_grad_(), m(L), [p])
+            i = L.distribute_tensor(idx, m(L), [L.Replicate()])
+            y = torch.nn.functional.embedding(i, w)
+            out.append(y if p.is_shard(1) else _full(y))
+            y.sum().backward()
+            out.append(_full(w.grad))
+            j = L.distribute_tensor(idx, m(L), [L.Shard(0)])
+            out.append(_full(torch.nn.functional.embedding(j, w)))
+        return out
+
+    _both(run, "embedding")
+    return _done()
+
+
+def test_embedding_ops(dist4):
+    assert dist4.run(check_embedding_ops) == [True] * 4
