@@ -646,6 +646,16 @@ def check_strided_shard(rank, world):
         return out + [one.to_local()]
 
     _both(run, "_StridedShard")
+    # a split factor no split order expresses (on a 1-D mesh, rank k holding rows k and
+    # k + world of 2 * world): refused, naming the placement and the fix
+    import hyper_shard as hs
+
+    try:
+        hs.distribute_tensor(x, _lib("hs").mesh((world,)), [_StridedShard(0, split_factor=2)])
+        _FAILS.append("_StridedShard(0, split_factor=2) on a 1-D mesh: no error")
+    except NotImplementedError as e:
+        if "_StridedShard" not in str(e) or "shard_order" not in str(e):
+            _FAILS.append(f"_StridedShard refusal does not name the fix: {e}")
     return _done()
 
 
