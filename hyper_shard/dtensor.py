@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 from .flight.context import RedistributeFrame, stack
 from .mesh import DeviceMesh, as_mesh
-from .placement import Partial, Placement, Replicate, Shard, grad_placement, normalize_placements
+from .placement import (
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    grad_placement,
+    normalize_placements,
+    strided_shard_order,
+)
 from .redistribute.executor import execute_plan, redistribute_with_plan
 from .redistribute.planner import plan_redistribute
 from .spec import DTensorSpec
@@ -125,6 +133,7 @@ class DTensor:
             tuple(placements) if placements is not None else (Replicate(),) * device_mesh.ndim
         )
         local_shape = plat.shape(local_tensor)
+        placements, order = strided_shard_order(placements, device_mesh.shape, len(local_shape))
         placements = normalize_placements(placements, device_mesh.ndim, len(local_shape))
         C.check_shape_stride_pair(plat, shape, stride)
         shape_given = shape is not None
@@ -146,7 +155,7 @@ class DTensor:
             meta = meta._replace(
                 stride=C.infer_global_stride(device_mesh, placements, local_shape, lst, shape)
             )
-        spec = DTensorSpec(device_mesh, placements, meta)
+        spec = DTensorSpec(device_mesh, placements, meta, order)
         if not inside:  # a rank outside the mesh holds nothing and takes part in nothing
             empty = C.empty_local(plat, device_mesh, meta.dtype, 1)
             return plat.make_leaf(empty, spec, plat.requires_grad(local_tensor))
@@ -307,8 +316,11 @@ class DTensor:
                 "placements is needed for redistribute! (pass the target placements, e.g. "
                 "[Replicate()])"
             )
+        order: Any = "keep"
         if placements is not None:
-            placements = tuple(placements)
+            placements, strided = strided_shard_order(placements, spec.mesh.shape, spec.ndim)
+            if strided is not None:
+                order = strided
             if len(placements) == len(spec.placements):
                 for src, p in zip(spec.placements, placements):
                     if type(p) is Partial and src != p:
@@ -326,8 +338,8 @@ class DTensor:
                 return plat.wrap(local, spec)
         if placements is None:
             return self
-        dst = spec.with_placements(placements)
-        if dst.placements == spec.placements:
+        dst = spec.with_placements(placements, order)
+        if dst.placements == spec.placements and dst.shard_order == spec.shard_order:
             return self if spec is self._spec else plat.wrap(local, spec)
         if spec.mesh.get_coordinate() is None:
             return plat.wrap(local, dst)  # outside the mesh: nothing to move
@@ -338,7 +350,7 @@ class DTensor:
             if backward_dtype is None:
                 local = redistribute_local(plat, local, spec, dst)
             else:
-                plan = plan_redistribute(spec, dst.placements)
+                plan = plan_redistribute(spec, dst.placements, shard_order=dst.shard_order)
                 local = redistribute_with_plan(plat, local, spec, plan, backward_dtype)
         finally:
             frames.pop()
@@ -506,6 +518,15 @@ def distribute_tensor(
 
     device_mesh = as_mesh(device_mesh, "distribute_tensor")
     placements = tuple(placements) if placements is not None else (Replicate(),) * device_mesh.ndim
+    placements, strided = strided_shard_order(
+        placements, device_mesh.shape, len(getattr(tensor, "shape", ()))
+    )
+    if strided is not None:
+        if shard_order is not None:
+            raise ValueError(
+                "distribute_tensor: pass either _StridedShard placements or shard_order, not both"
+            )
+        shard_order = strided
     if isinstance(tensor, DTensor):
         have = tensor._spec
         if have.mesh != device_mesh:

@@ -13,8 +13,9 @@ This module imports no framework.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 __all__ = [
     "Placement",
@@ -24,6 +25,7 @@ __all__ = [
     "REDUCE_OPS",
     "normalize_placements",
     "grad_placement",
+    "strided_shard_order",
 ]
 
 REDUCE_OPS: Final = ("sum", "avg", "max", "min", "prod")
@@ -237,3 +239,58 @@ def grad_placement(p: Placement) -> Placement:
         return _PARTIAL_SUM
     assert isinstance(p, Partial)
     return _REPLICATE if p.reduce_op == "sum" else _PARTIAL_SUM
+
+
+def _is_strided(p: Any) -> bool:
+    """PyTorch's internal ``_StridedShard(dim, split_factor)`` (a ``Shard`` subclass that
+    FSDP2 over tensor parallelism and some of PyTorch's tests construct)."""
+    return type(p).__name__ == "_StridedShard" and hasattr(p, "split_factor")
+
+
+def strided_shard_order(
+    placements: Sequence[Any], mesh_shape: Sequence[int], tensor_ndim: int
+) -> tuple[tuple[Any, ...], tuple[tuple[int, tuple[int, ...]], ...] | None]:
+    """``placements`` with PyTorch's ``_StridedShard`` entries replaced by ``Shard``, and the
+    split order they stand for (``None`` when there is none).
+
+    ``_StridedShard(d, split_factor=f)`` on mesh dim ``i`` (PyTorch's semantics) splits dim
+    ``d`` into ``f`` chunks and gives coordinate ``k`` piece ``k`` of every chunk. When the
+    mesh dims after ``i`` that ``Shard(d)`` have sizes whose product is ``f`` (FSDP2 x TP:
+    ``[_StridedShard(0, split_factor=tp), Shard(0)]`` on ``("dp", "tp")``), that is the
+    layout in which those later mesh dims split ``d`` first: ``DTensorSpec.shard_order``
+    entry ``(d, (later dims..., strided dims...))``. Placements without ``_StridedShard``
+    are returned unchanged with ``None``.
+
+    Raises:
+        NotImplementedError: a ``_StridedShard`` whose ``split_factor`` is not that product
+            (a layout no split order expresses).
+    """
+    placements = tuple(placements)
+    if not any(_is_strided(p) for p in placements):
+        return placements, None
+    out: list[Any] = []
+    for p in placements:
+        out.append(Shard(p.dim) if _is_strided(p) else p)
+    order = []
+    for d in sorted({int(p.dim) % max(tensor_ndim, 1) for p in placements if _is_strided(p)}):
+        strided = [
+            i for i, p in enumerate(placements) if _is_strided(p) and p.dim % tensor_ndim == d
+        ]
+        plain = [
+            i
+            for i, p in enumerate(placements)
+            if isinstance(p, Shard) and not _is_strided(p) and p.dim % tensor_ndim == d
+        ]
+        want = math.prod(int(mesh_shape[j]) for j in plain)
+        for i in strided:
+            f = int(placements[i].split_factor)
+            if f != want or any(j < i for j in plain):
+                raise NotImplementedError(
+                    f"{placements[i]!r} on mesh dim {i} of placements {list(placements)}: "
+                    f"hyper_shard expresses _StridedShard as a split order, which needs "
+                    f"split_factor == the product of the sizes of the later mesh dims that "
+                    f"Shard({d}) ({want}); pass Shard placements with shard_order= instead "
+                    f"(distribute_tensor, docs/fsdp.md)"
+                )
+        order.append((d, tuple(plain + strided)))
+    return tuple(out), tuple(order)

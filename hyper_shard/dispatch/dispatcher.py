@@ -37,7 +37,9 @@ from typing import Any
 
 from ..errors import OpNotRegisteredError, ShardingError
 from ..flight.context import OpFrame, stack
+from ..placement import Replicate
 from ..redistribute.executor import redistribute_with_plan
+from ..spec import DTensorSpec
 from . import switches
 from .cross_mesh import adopt_scalars, foreign_mesh, split_foreach
 from .op import BoundOp, Decision, OpCall, fmt_placements
@@ -284,8 +286,38 @@ class Dispatcher:
         placements, as PyTorch DTensor (see :mod:`hyper_shard.dispatch.out_variant`)."""
         kw = dict(kwargs)
         out = kw.pop("out")
-        result = self.dispatch(func, args, kw)
+        if not find_dtensors(args, kw, self.is_dtensor):
+            # a factory writing into a DTensor (torch.eye(n, out=d), what nn.init.eye_ runs):
+            # every rank builds the whole plain result (factories take the same arguments on
+            # every rank) as a Replicate DTensor on out's mesh, then out keeps its layout
+            result = self._replicated_plain(func, args, kw, out)
+        else:
+            result = self.dispatch(func, args, kw)
         return write_out(self.platform, self.name_of(func), self.is_dtensor, out, result)
+
+    def _replicated_plain(self, func: Any, args: tuple, kwargs: dict, out: Any) -> Any:
+        """``func`` run on plain arguments, its tensor results wrapped as ``Replicate``
+        DTensors on the mesh of the first ``out`` DTensor (no communication)."""
+        plat, is_dt = self.platform, self.is_dtensor
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        first = next((o for o in outs if is_dt(o)), None)
+        if first is None:
+            raise ShardingError(
+                f"{self.name_of(func)}: out= must be a DTensor when called with DTensors, got "
+                f"{type(out).__name__}"
+            )
+        mesh = first._spec.mesh
+        plain = self.run_local(func, args, kwargs)
+        reps = [Replicate()] * mesh.ndim
+
+        def wrap(t: Any) -> Any:
+            if plat.is_tensor(t) and not is_dt(t):
+                return plat.wrap(t, DTensorSpec(mesh, reps, plat.tensor_meta(t)))
+            return t
+
+        if isinstance(plain, (tuple, list)):
+            return type(plain)(wrap(t) for t in plain)
+        return wrap(plain)
 
     # ------------------------------------------------------------------ miss path
     def _miss(

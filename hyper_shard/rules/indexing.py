@@ -231,6 +231,27 @@ class IndexOp(PlannedOp):
         strategies = keep_strategies(maps, 1, partials_of([x]), [True] + [False] * (n_in - 1))
         return OpPlan([tuple(int(s) for s in form.out_shape)], strategies)  # type: ignore[arg-type]
 
+    # -- aten.slice.Tensor ------------------------------------------------------------
+    @_KINDS.kind(
+        "slice_dim", ("input", "dim", "start", "end", "step"), ("dim", "start", "end", "step")
+    )
+    def _plan_slice_dim(self, call: OpCall) -> OpPlan:
+        """``aten.slice.Tensor(x, dim=0, start=None, end=None, step=1)`` is
+        ``x[(:,) * dim + (start:end:step,)]``: decided as that ``__getitem__`` (the sliced
+        dim gathered unless the slice keeps it whole; the local call slices that dim only)."""
+        x = call.specs[0]
+        if call.arg_roles[0] != "input":
+            raise ShardingError(f"{call.describe()}: the sliced tensor must be the DTensor")
+        st = call.static
+        dim = normalize_dim(as_int(st.get("dim") or 0, "dim"), x.ndim)
+        step = st.get("step")
+        index = (slice(None),) * dim + (
+            slice(st.get("start"), st.get("end"), 1 if step is None else as_int(step, "step")),
+        )
+        plan = self._plan_form(call, parse_index(x.shape, index))
+        plan.view = ViewOf(_Same(index))
+        return plan
+
     # -- strided slice ----------------------------------------------------------------
     @_KINDS.kind(
         "strided_slice",

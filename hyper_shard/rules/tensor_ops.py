@@ -438,6 +438,27 @@ class TensorOp(PlannedOp):
         keep = {d: i for i, d in enumerate(rest)}
         return OpPlan([shape], keep_strategies([keep], 1, partials_of([spec])), view=ViewOf())
 
+    @_KINDS.kind("diag_embed", ("input", "offset", "dim1", "dim2"), ("offset", "dim1", "dim2"))
+    def _plan_diag_embed(self, call: OpCall, st: dict) -> OpPlan:
+        # torch.diag_embed: the last dim (gathered) becomes the diagonal of the new
+        # (dim1, dim2) plane; the other dims keep their shards, moved to the output dims
+        # left over; every other element is 0, so Partial values pass through
+        spec = self._one(call)
+        nd = spec.ndim + 1
+        off = as_int(st.get("offset") or 0, "offset")
+        d1 = normalize_dim(as_int(_pick(st, "dim1", None, -2), "dim1"), nd, "dim1")
+        d2 = normalize_dim(as_int(_pick(st, "dim2", None, -1), "dim2"), nd, "dim2")
+        if d1 == d2:
+            raise ValueError(f"diagonal dimensions cannot be identical {d1}, {d2}")
+        rest = [d for d in range(nd) if d not in (d1, d2)]
+        n = (spec.shape[-1] if spec.ndim else 1) + abs(off)
+        shape = [0] * nd
+        for i, d in enumerate(rest):
+            shape[d] = spec.shape[i]
+        shape[d1] = shape[d2] = n
+        keep = {i: d for i, d in enumerate(rest)}
+        return OpPlan([tuple(shape)], keep_strategies([keep], 1, partials_of([spec])))
+
     @_KINDS.kind(
         "repeat_interleave",
         ("input", "repeats", "dim", "output_size"),

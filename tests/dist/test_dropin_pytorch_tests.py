@@ -32,6 +32,8 @@ class _Lib:
         self.DeviceMesh, self.init_device_mesh = DeviceMesh, init_device_mesh
         self.DTensor, self.distribute_tensor = T.DTensor, T.distribute_tensor
         self.Shard, self.Replicate, self.Partial = T.Shard, T.Replicate, T.Partial
+        for f in ("zeros", "ones", "empty", "full", "rand", "randn"):
+            setattr(self, f, getattr(T, f))
         self._meshes: dict = {}
 
     def mesh(self, shape: tuple, names: tuple | None = None):
@@ -56,6 +58,8 @@ LIBS = ("torch", "hs")
 
 def _canon(p) -> str:
     name = type(p).__name__
+    if name == "_StridedShard":
+        return f"_StridedShard({p.dim}, sf={p.split_factor})"
     if name == "Shard":
         return f"S({p.dim})"
     if name == "Replicate":
