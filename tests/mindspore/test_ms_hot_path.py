@@ -89,3 +89,60 @@ def test_hot_path_results_jit_and_held_outputs(ms1):
     assert "DTensor" in pname
     np.testing.assert_allclose(loss, (xn.astype(np.float64) @ want).sum(), rtol=1e-4)
     np.testing.assert_allclose(grad, np.repeat(xn.sum(0)[:, None], 8, axis=1), rtol=1e-5)
+
+
+def check_swapped_inputs(rank: int, world: int) -> dict:
+    import threading
+
+    from mindspore import Tensor, mint
+
+    import hyper_shard as hs
+    from hyper_shard.platform.mindspore.dtensor import MindSporeDTensor
+
+    rs = np.random.RandomState(1)
+    xn = rs.randn(8, 8).astype(np.float32)
+    yn = rs.randn(8, 8).astype(np.float32)
+    mesh = hs.init_device_mesh("CPU", (1,), platform="mindspore")
+    dx = hs.distribute_tensor(Tensor(xn), mesh, [hs.Shard(0)])
+    dy = hs.distribute_tensor(Tensor(yn), mesh, [hs.Shard(0)])
+    dt = MindSporeDTensor
+    res: dict = {}
+    # the local op sees its DTensor inputs as plain Tensors; they are DTensors again after
+    out = mint.add(mint.matmul(dx, dy), dx) * dx
+    res["one_thread"] = (out.full_tensor().asnumpy(), type(dx) is dt, type(dy) is dt)
+    try:  # a local op that raises (inner dims 8 and 3) leaves its inputs DTensors
+        mint.matmul(dx, hs.distribute_tensor(Tensor(yn[:3]), mesh, [hs.Replicate()]))
+        res["raised"] = False
+    except (RuntimeError, ValueError):
+        res["raised"] = True
+    res["after_error"] = (type(dx) is dt, (dx + dy).full_tensor().asnumpy())
+    # with another Python thread alive the inputs are aliases (no class swap another
+    # thread could see): the same values
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        out2 = mint.add(mint.matmul(dx, dy), dx) * dx
+        res["two_threads"] = (out2.full_tensor().asnumpy(), type(dx) is dt, type(out2) is dt)
+    finally:
+        stop.set()
+        t.join()
+    return res
+
+
+def test_hot_path_dtensor_inputs_seen_as_plain_tensors(ms1):
+    (res,) = ms1.run(check_swapped_inputs)
+    rs = np.random.RandomState(1)
+    xn = rs.randn(8, 8).astype(np.float64)
+    yn = rs.randn(8, 8).astype(np.float64)
+    want = (xn @ yn + xn) * xn
+    out, tx, ty = res["one_thread"]
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    assert tx and ty
+    assert res["raised"]
+    t_after, s = res["after_error"]
+    assert t_after
+    np.testing.assert_allclose(s, xn + yn, rtol=1e-5, atol=1e-6)
+    out2, tx2, to2 = res["two_threads"]
+    np.testing.assert_allclose(out2, want, rtol=1e-4, atol=1e-4)
+    assert tx2 and to2

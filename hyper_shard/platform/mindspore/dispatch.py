@@ -368,41 +368,61 @@ def _wrap_outputs(out: Any, dec: Decision) -> Any:
 
 
 def _run_on_aliases(fn: Any, args: tuple, kwargs: dict) -> Any:
-    """Run ``fn`` (a Primitive call, a Tensor method, a Python-level function) on plain
-    local aliases of the DTensor arguments, so that neither a Primitive nor a Python-level
-    overload (``Narrow`` is ``deprecated_tensor_narrow``, which reads ``input.shape``) ever
-    sees a DTensor and its global shape.
+    """Run ``fn`` (a Primitive call, a Tensor method, a Python-level function) on the local
+    data of the DTensor arguments as plain Tensors, so that neither a Primitive nor a
+    Python-level overload (``Narrow`` is ``deprecated_tensor_narrow``, which reads
+    ``input.shape``) ever sees a DTensor and its global shape.
 
     When every DTensor is a top-level argument (the common call; a tuple or list of
-    scalars, such as a shape, is fine) no DTensor reaches MindSpore, so no
-    ``NoFallbackGuard`` is needed (the guard costs more than an alias). Otherwise (a list
-    of DTensors, a Parameter DTensor, which stays itself) the local op runs under the
-    guard, and a DTensor's own methods called inside it are the local ones."""
-    plain = []
+    scalars, such as a shape, is fine) no DTensor reaches MindSpore and no
+    ``NoFallbackGuard`` is needed: while ``fn`` runs, each DTensor argument's class is
+    ``Tensor`` (it *is* its local tensor; its class is set back when ``fn`` returns or
+    raises). That is the cheapest plain view of it: a ``Tensor._make_subclass`` alias
+    costs ~6k CPU instructions (MindSpore looks ``__ms_dispatch__`` up on the class and
+    formats the AttributeError), a class swap a few hundred. Another Python thread would
+    see the swapped class, so with more than one thread the arguments are aliases instead.
+    Otherwise (a list of DTensors, a Parameter DTensor, which stays itself) the local op
+    runs on aliases under the guard, and a DTensor's own methods called inside it are the
+    local ones."""
+    dts: list | None = None  # the top-level DTensor arguments
     for a in args:
         t = type(a)
         if t is _DT:
-            plain.append(_alias(Tensor, a))
+            if dts is None:
+                dts = [a]
+            else:
+                dts.append(a)
         elif t is Tensor or t in _SCALARS:
-            plain.append(a)
+            pass
         elif t is tuple or t is list:
             for x in a:
                 if type(x) not in _SCALARS:
                     break
             else:
-                plain.append(a)
                 continue
             break
         else:
             break
     else:
-        if not kwargs:
-            return fn(*plain)
-        for v in kwargs.values():
-            if type(v) not in _SCALARS:
-                break
-        else:
-            return fn(*plain, **kwargs)
+        simple = True
+        if kwargs:
+            for v in kwargs.values():
+                if type(v) not in _SCALARS:
+                    simple = False
+                    break
+        if simple:
+            if dts is None:
+                return fn(*args, **kwargs)
+            if len(_THREADS) == 1:
+                try:
+                    for a in dts:
+                        a.__class__ = Tensor
+                    return fn(*args, **kwargs)
+                finally:
+                    for a in dts:
+                        a.__class__ = _DT
+            # another thread could see a swapped class: aliases
+            return fn(*[_alias(Tensor, a) if type(a) is _DT else a for a in args], **kwargs)
     plain = [_plain(a) for a in args]
     kw = {k: _plain(v) for k, v in kwargs.items()} if kwargs else {}
     _LOCAL.depth += 1
@@ -415,6 +435,10 @@ def _run_on_aliases(fn: Any, args: tuple, kwargs: dict) -> Any:
         with _ANY_LOCK:
             _ANY_LOCAL[0] -= 1
         _LOCAL.depth -= 1
+
+
+#: the threading module's live threads (one dict, updated in place, also after a fork)
+_THREADS = threading._active  # type: ignore[attr-defined]
 
 
 def _fresh_refs() -> int:
