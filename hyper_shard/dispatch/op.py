@@ -341,6 +341,7 @@ class Decision:
         "view",
         "link_views",
         "writes_back",
+        "self_wrapped",
     )
 
     def __init__(self, call: OpCall, layout: Layout, keeps_order: bool | None = None) -> None:
@@ -377,6 +378,9 @@ class Decision:
         )
         #: an in-place op on a copied view: written back to its base after it runs
         self.writes_back = call.inplace and copied_input
+        #: the rule declares no output placements: its local implementation returns its
+        #: outputs wrapped (an op whose output shape depends on the values)
+        self.self_wrapped = bool(self.outputs) and all(o is None for o in self.outputs)
         #: nothing to move, no rank-local override, not in place, no copied-view input
         #: (see :mod:`hyper_shard.dispatch.views`): the hot path runs it
         self.direct = (

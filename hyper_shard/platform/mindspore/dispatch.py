@@ -344,19 +344,18 @@ def _run_local(fn: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _wrap_outputs(out: Any, dec: Decision) -> Any:
-    from ...dtensor import DTensor
     from .dtensor import wrap
 
     if isinstance(out, Tensor):
-        if isinstance(out, DTensor) or (dec.outputs and dec.outputs[0] is None):
-            return out  # wrapped by a local implementation, or a declared plain result
+        if dec.outputs and dec.outputs[0] is None:
+            return out  # a declared plain result, or one a local implementation wrapped
         return wrap(out, dec.out_spec(0, out.dtype, out.itemsize))
     if isinstance(out, (tuple, list)):
         items = []
         i = 0
         for x in out:
             if isinstance(x, Tensor):
-                if isinstance(x, DTensor) or (i < len(dec.outputs) and dec.outputs[i] is None):
+                if dec.self_wrapped or (i < len(dec.outputs) and dec.outputs[i] is None):
                     items.append(x)
                 else:
                     items.append(wrap(x, dec.out_spec(i, x.dtype, x.itemsize)))

@@ -146,9 +146,9 @@ def _wrap_outputs(out: Any, dec: Decision) -> Any:
         i = 0
         for x in out:
             if isinstance(x, torch.Tensor):
-                if type(x) is _DT or (i < len(dec.outputs) and dec.outputs[i] is None):
-                    # a plain result the rule declares, or one a local implementation
-                    # returned wrapped already (rules._util.ReplicatedResult)
+                if dec.self_wrapped or (i < len(dec.outputs) and dec.outputs[i] is None):
+                    # a plain result the rule declares, or the outputs of a local
+                    # implementation that wraps its own (rules._util.ReplicatedResult)
                     items.append(x)
                     i += 1
                     continue
