@@ -180,13 +180,19 @@ _KINDS: dict[str, _Kind] = {
         {"input": 2, "B": 2},
         _solve_outs,
     ),
-    # torch.cholesky_solve(B, L) / torch.triangular_solve(b, A): the right-hand side first
-    "cholesky_solve": _k(("B", "input2", "upper"), (), {"B": 2, "input2": 2}, _solve_outs),
-    "triangular_solve": _k(
-        ("B", "A", "upper", "transpose", "unitriangular"),
+    # torch.cholesky_solve(B, L) / torch.triangular_solve(b, A) / torch.lu_solve(b, LU, piv):
+    # the right-hand side first (torch's argument name: input)
+    "cholesky_solve": _k(
+        ("input", "input2", "upper"),
         (),
-        {"B": 2, "A": 2},
-        lambda c, st: [(c["B"], None), (c["A"], None)],
+        {"input": 2, "input2": 2},
+        lambda c, st: [(c["input"], None)],
+    ),
+    "triangular_solve": _k(
+        ("input", "A", "upper", "transpose", "unitriangular"),
+        (),
+        {"input": 2, "A": 2},
+        lambda c, st: [(c["input"], None), (c["A"], None)],
     ),
     "lu_solve": _k(
         ("LU", "pivots", "B", "left", "adjoint"),
@@ -195,7 +201,10 @@ _KINDS: dict[str, _Kind] = {
         _solve_outs,
     ),
     "lu_solve_old": _k(
-        ("B", "LU_data", "LU_pivots"), (), {"B": 2, "LU_data": 2, "LU_pivots": 1}, _solve_outs
+        ("input", "LU_data", "LU_pivots"),
+        (),
+        {"input": 2, "LU_data": 2, "LU_pivots": 1},
+        lambda c, st: [(c["input"], None)],
     ),
     "ldl_solve": _k(
         ("LD", "pivots", "B", "hermitian"), (), {"LD": 2, "pivots": 1, "B": 2}, _solve_outs
