@@ -17,8 +17,9 @@ independently, so:
 * ``Partial`` is always reduced first: none of these maps is linear (``solve`` is linear
   in ``B``, but not in ``A``; a Partial-keeping strategy is not offered).
 
-``matrix_norm``/``norm``/``cond`` reduce over their core dims the same way: the other dims
-keep their shards. A tensor argument the kind does not declare (a tensor ``atol``) is
+``matrix_norm``/``norm`` reduce over their core dims the same way: the other dims keep
+their shards. ``vander`` (``x (*, n) -> (*, n, N)``, elementwise in ``x``) keeps every
+shard when ``N`` is given, and gathers the last dim when it defaults to the global ``n``. A tensor argument the kind does not declare (a tensor ``atol``) is
 ``Replicate``. Framework-neutral: nothing here imports a platform.
 """
 
@@ -214,6 +215,7 @@ _KINDS: dict[str, _Kind] = {
 _NORM_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "matrix_norm": (("input", "ord", "dim", "keepdim", "dtype"), ("dim", "keepdim")),
     "norm": (("input", "ord", "dim", "keepdim", "dtype"), ("ord", "dim", "keepdim")),
+    "vander": (("input", "N"), ("N",)),
 }
 
 
@@ -322,7 +324,25 @@ class BatchedLinalgOp(PlannedOp):
             strategies.append((tuple(o), tuple(ins)))
         return OpPlan(out_shapes, strategies, accept=no_empty_shards(list(call.specs)))
 
+    def _plan_vander(self, call: OpCall) -> OpPlan:
+        # torch.linalg.vander(x, N): (*, n) -> (*, n, N), out[..., i, j] = x[..., i] ** j:
+        # elementwise in x, so every dim of x keeps its shard; without N (N = n, the GLOBAL
+        # size) the last dim is gathered, so the local call's default N is the global n
+        spec = call.specs[0]
+        if len(call.specs) != 1:
+            raise ValueError("only x may be a DTensor")
+        n_arg = call.static.get("N")
+        shape = tuple(spec.shape) or (1,)  # a 0-d x is (1,), as torch's
+        n = shape[-1] if n_arg is None else int(n_arg)
+        if n < 1:
+            raise ValueError(f"N must be greater than 1, got {n}")
+        kept = range(spec.ndim) if n_arg is not None else range(spec.ndim - 1)
+        strategies: list[SingleDimStrategy] = [((Shard(d),), (Shard(d),)) for d in kept]
+        return OpPlan([(*shape, n)], strategies)
+
     def _plan_norm(self, call: OpCall) -> OpPlan:
+        if self.params.kind == "vander":
+            return self._plan_vander(call)
         spec = call.specs[0]
         if len(call.specs) != 1:
             raise ValueError("only the input may be a DTensor")
