@@ -31,6 +31,7 @@ __all__ = [
     "partials_of",
     "as_int",
     "dims_arg",
+    "no_empty_shards",
 ]
 
 
@@ -157,6 +158,31 @@ def keep_strategies(
     for p in partials:
         strategies.append(((p,) * n_out, tuple(p if f else R for f in flags)))
     return strategies
+
+
+def no_empty_shards(specs: Sequence[Any]) -> Callable[[tuple, tuple], bool]:
+    """An :attr:`OpPlan.accept` check refusing N-D input placements that leave some rank an
+    empty shard of a non-empty dim (a size-1 dim split over 2 ranks; 5 over 4 by
+    ``torch.chunk``): for kernels that reject empty batches (MKL's FFT, LAPACK's
+    backward), such an input is gathered on that dim instead."""
+    import itertools
+
+    from ..spec import compute_local_shape_and_offset
+
+    mesh_shape = tuple(specs[0].mesh.shape)
+    coords = list(itertools.product(*(range(n) for n in mesh_shape)))
+
+    def accept(ins: tuple, outs: tuple) -> bool:
+        for spec, pl in zip(specs, ins):
+            if not any(type(p) is Shard for p in pl):
+                continue
+            for c in coords:
+                local, _ = compute_local_shape_and_offset(spec.shape, mesh_shape, pl, c)
+                if any(n == 0 and g > 0 for n, g in zip(local, spec.shape)):
+                    return False
+        return True
+
+    return accept
 
 
 def dims_arg(v: Any, ndim: int, what: str) -> list[int]:

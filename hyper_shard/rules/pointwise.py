@@ -25,7 +25,9 @@ Semantics follow PyTorch's elementwise ops and broadcasting.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
+
+from pydantic import Field
 
 from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..dispatch.search import SingleDimStrategy
@@ -43,6 +45,8 @@ class PointwiseParams(RuleParams):
     partial: Literal["none", "linear", "bilinear", "first", "max_preserving", "max", "min"] = "none"
     #: canonical names whose python-scalar values are additive terms (zeroed off coordinate 0)
     scalar_terms: list[str] = ["input", "other"]
+    #: tensors the op returns, all of the broadcast shape and placed alike (frexp: 2)
+    outputs: int = Field(default=1, ge=1)
 
 
 @register_rule("pointwise")
@@ -54,10 +58,21 @@ class PointwiseOp(DistributedOp):
     Params = PointwiseParams
     signature = ("input", "other", "*args")
 
+    def __init__(self, name: str, params: Any = None) -> None:
+        super().__init__(name, params)
+        if self.params.outputs != 1:
+            self.n_outputs = self.params.outputs  # type: ignore[misc]
+
     def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
-        return [broadcast_shapes(*(s.shape for s in call.specs))]
+        return [broadcast_shapes(*(s.shape for s in call.specs))] * self.n_outputs
 
     def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
+        strategies = self._strategies(call)
+        if self.n_outputs == 1:
+            return strategies
+        return [(outs * self.n_outputs, ins) for outs, ins in strategies]
+
+    def _strategies(self, call: OpCall) -> list[SingleDimStrategy]:
         specs = call.specs
         out_shape = broadcast_shapes(*(s.shape for s in specs))
         n = len(out_shape)

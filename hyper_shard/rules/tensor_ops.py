@@ -420,15 +420,15 @@ class TensorOp(PlannedOp):
         return self._along(spec, touched, tuple(shape), parts)
 
     @_KINDS.kind("diagonal", ("input", "offset", "dim1", "dim2"), ("offset", "dim1", "dim2"))
-    def _plan_diagonal(self, call: OpCall, st: dict) -> OpPlan:
+    def _plan_diagonal(self, call: OpCall, st: dict, dims: tuple[int, int] = (0, 1)) -> OpPlan:
         # torch.diagonal: the two dims become one trailing dim (gathered); other dims keep
         # their shards, moved to their output positions; elements are only selected
         spec = self._one(call)
         if spec.ndim < 2:
             raise ValueError("diagonal: the input needs at least 2 dimensions")
         off = as_int(st.get("offset") or 0, "offset")
-        d1 = normalize_dim(as_int(_pick(st, "dim1", None, 0), "dim1"), spec.ndim, "dim1")
-        d2 = normalize_dim(as_int(_pick(st, "dim2", None, 1), "dim2"), spec.ndim, "dim2")
+        d1 = normalize_dim(as_int(_pick(st, "dim1", None, dims[0]), "dim1"), spec.ndim, "dim1")
+        d2 = normalize_dim(as_int(_pick(st, "dim2", None, dims[1]), "dim2"), spec.ndim, "dim2")
         if d1 == d2:
             raise ValueError(f"diagonal dimensions cannot be identical {d1}, {d2}")
         n1, n2 = spec.shape[d1], spec.shape[d2]
@@ -458,6 +458,12 @@ class TensorOp(PlannedOp):
         shape[d1] = shape[d2] = n
         keep = {i: d for i, d in enumerate(rest)}
         return OpPlan([tuple(shape)], keep_strategies([keep], 1, partials_of([spec])))
+
+    @_KINDS.kind("linalg_diagonal", ("input", "offset", "dim1", "dim2"), ("offset", "dim1", "dim2"))
+    def _plan_linalg_diagonal(self, call: OpCall, st: dict) -> OpPlan:
+        # torch.linalg.diagonal(A, *, offset=0, dim1=-2, dim2=-1): torch.diagonal's layout
+        # with the last two dims as defaults
+        return self._plan_diagonal(call, st, (-2, -1))
 
     @_KINDS.kind(
         "repeat_interleave",
