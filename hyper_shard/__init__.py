@@ -30,6 +30,8 @@ if "torch" in _sys.modules:
     # allowlisted: done when the torch platform loads, so load it now that torch is here
     from .platform.torch import dtensor as _torch_dtensor  # noqa: F401
 
+from . import debug, experimental  # noqa: E402,F401  (hs.experimental, as torch.distributed.tensor's)
+
 __version__ = "0.1.0"
 
 __all__ = [

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .dispatch.op import Binder, DistributedOp, OpCall
+from .dispatch.op import Binder, DistributedOp, Layout, OpCall
 from .dispatch.search import SingleDimStrategy
 from .errors import ShardingError
 from .placement import Placement
@@ -97,6 +97,12 @@ class RegisteredSharding(DistributedOp):
                     f"{pair!r} as strategy {k}; return (output placements, input placements) "
                     f"pairs, e.g. ([Shard(0)], [Shard(0), None])"
                 ) from None
+            if isinstance(outs, Placement) or isinstance(ins, Placement):
+                raise ShardingError(
+                    f"{label}: register_sharding function {self.fn.__name__}'s strategy {k} "
+                    f"is {pair!r}; give the output and the input placements as lists, e.g. "
+                    f"([Shard(0)], [Shard(0), None])"
+                )
             outs, ins = list(outs), list(ins)
             if len(ins) != n_flat or len(outs) != self.n_outputs:
                 raise ShardingError(
@@ -122,9 +128,40 @@ class RegisteredSharding(DistributedOp):
             out.append((tuple(outs), tuple(per_input)))
         return out
 
+    def expand_impl(self, call: OpCall, layout: Layout) -> Layout:
+        """Run the op on plain local aliases of the DTensor arguments: a custom op's own
+        autograd formula (``register_autograd``) then saves and computes on local tensors,
+        as the gradients it receives are local (hyper_shard's local autograd)."""
+        layout.impl = _OnLocals(call.func, call.platform)
+        return layout
+
     def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
         shapes = call.platform.meta_output_shapes(call.func, call.args, call.kwargs)
         return (list(shapes) + [None] * self.n_outputs)[: self.n_outputs]
+
+
+class _OnLocals:
+    """``func`` called with every DTensor argument (lists included) replaced by its
+    plain local alias (``Platform.local_of``: the same data and autograd graph)."""
+
+    __slots__ = ("func", "platform")
+
+    def __init__(self, func: Any, platform: Any) -> None:
+        self.func, self.platform = func, platform
+
+    def _plain(self, v: Any) -> Any:
+        from .dtensor import DTensor
+
+        if isinstance(v, DTensor):
+            return self.platform.local_of(v)
+        if type(v) in (list, tuple):
+            return type(v)(self._plain(x) for x in v)
+        return v
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(
+            *[self._plain(a) for a in args], **{k: self._plain(v) for k, v in kwargs.items()}
+        )
 
 
 _COUNT = [0]

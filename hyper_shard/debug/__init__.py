@@ -68,7 +68,16 @@ def comm_counter() -> Iterator[CommCounts]:
     try:
         yield counts
     finally:
-        COUNTERS.remove(counts)
+        _remove_counter(counts)
+
+
+def _remove_counter(counts: CommCounts) -> None:
+    """Drop ``counts`` from the active counters by identity (two nested counters with
+    equal counts compare equal as dicts)."""
+    for i, c in enumerate(COUNTERS):
+        if c is counts:
+            del COUNTERS[i]
+            return
 
 
 #: the last component of a framework collective's name (torch.ops.c10d_functional /
@@ -146,7 +155,7 @@ class CommDebugMode:
 
     def __exit__(self, *exc: Any) -> None:
         if self._active:
-            COUNTERS.remove(self._raw)
+            _remove_counter(self._raw)
             self._active = False
 
     def get_comm_counts(self) -> CollectiveCounts:

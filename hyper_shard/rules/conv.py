@@ -24,7 +24,8 @@ Per mesh dim:
 
 Any other spatially sharded input is redistributed first, at the cheapest modelled cost
 (to a batch or channel shard by an all-to-all, or gathered), as PyTorch DTensor does for a
-placement an op cannot keep; windows that cross shard boundaries would need a halo
+placement an op cannot keep (never into a zero-padded ``Partial``: free to communicate,
+but every rank would then convolve the whole tensor); windows that cross shard boundaries would need a halo
 exchange of the neighbours' border rows, which hyper_shard does not implement (PyTorch
 DTensor has one for the last spatial dim of 2-D convolutions).
 """
@@ -232,8 +233,17 @@ class ConvOp(DistributedOp):
         return [cdim + 1 + i for i in range(n) if k[i] == s[i] and p[i] == 0 and d[i] == 1]
 
     def accept(self, call: OpCall, inputs: tuple, outputs: tuple) -> bool:
-        """A kept spatial shard tiles into whole windows (see ``window_shards_align``)."""
+        """A kept spatial shard tiles into whole windows (see ``window_shards_align``); a
+        Partial input or weight only where the caller's was Partial (turning a shard into
+        a zero-padded Partial costs no communication but makes every rank convolve the
+        whole tensor)."""
         x, w, _, cdim, _ = self._form(call)
+        for role, spec in (("input", x), ("weight", w)):
+            tgt = inputs[call.arg_roles.index(role)]
+            if tgt is not None and any(
+                type(p) is Partial and type(q) is not Partial for p, q in zip(tgt, spec.placements)
+            ):
+                return False
         pl = inputs[call.arg_roles.index("input")]
         if pl is None:
             return True

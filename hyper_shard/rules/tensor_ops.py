@@ -477,6 +477,10 @@ class TensorOp(PlannedOp):
             raise ValueDependentShape
         spec = self._one(call)
         reps = st.get("repeats")
+        if reps is None and call.get("dim") is None:
+            # torch.repeat_interleave(repeats): the index expansion of a tensor of repeats,
+            # sized by its values: run it whole
+            raise ValueDependentShape
         if isinstance(reps, bool) or not isinstance(reps, int):
             raise TypeError(
                 "repeat_interleave on a DTensor takes an int `repeats` (a tensor of repeats "

@@ -87,6 +87,20 @@ def check_comm_debug_mode(rank, world):
     with m:  # re-entering resets, as PyTorch's
         pass
     assert m.get_total_counts() == 0
+    # nested modes count independently, as PyTorch's (equal counts once broke the exit)
+    results = []
+    for L, Mode in ((T, TorchCommDebugMode), (hs, CommDebugMode)):
+        dm = L.distribute_tensor(
+            torch.randn(4, 4), L.init_device_mesh("cpu", (world,)), [L.Shard(0)]
+        )
+        with Mode() as outer:
+            with Mode() as inner:
+                pass
+            with Mode() as inner:
+                dm.full_tensor()
+            dm.full_tensor()
+        results.append((outer.get_total_counts(), inner.get_total_counts()))
+    assert results[0] == results[1] == (2, 1), results
     return 1
 
 

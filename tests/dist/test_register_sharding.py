@@ -25,7 +25,7 @@ aten = torch.ops.aten
 
 def _custom_ops():
     """Two custom ops in the namespace ``hs_test`` (defined once per process)."""
-    if hasattr(torch.ops, "hs_test") and hasattr(torch.ops.hs_test, "rowscale"):
+    if hasattr(torch.ops, "hs_test") and hasattr(torch.ops.hs_test, "mycos"):
         return
 
     @torch.library.custom_op("hs_test::rowscale", mutates_args=())
@@ -36,6 +36,23 @@ def _custom_ops():
     @rowscale.register_fake
     def _(name, x, k):
         return torch.empty_like(x)
+
+    @torch.library.custom_op("hs_test::mycos", mutates_args=())
+    def mycos(x: torch.Tensor) -> torch.Tensor:
+        """cos(x), with its own autograd formula (it saves the input)."""
+        return x.cos()
+
+    @mycos.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    def _save(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    def _bwd(ctx, g):
+        return -g * ctx.saved_tensors[0].sin()
+
+    mycos.register_autograd(_bwd, setup_context=_save)
 
     @torch.library.custom_op("hs_test::rownorm", mutates_args=())
     def rownorm(x: torch.Tensor) -> torch.Tensor:
@@ -91,7 +108,11 @@ def check_register_sharding(rank, world):
         from hyper_shard._register_sharding import unregister
         from hyper_shard.platform.select import get_platform
 
-        for op in (aten.argmax.default, torch.ops.hs_test.rowscale.default):
+        for op in (
+            aten.argmax.default,
+            torch.ops.hs_test.rowscale.default,
+            torch.ops.hs_test.mycos.default,
+        ):
             unregister(get_platform("torch"), op)
         unregister(get_platform("torch"), torch.ops.hs_test.rownorm.default)
         for table, value in zip((prop.op_strategy_funcs, prop.op_to_schema_info), saved):
@@ -138,6 +159,16 @@ def _check(rank, world, T, t_register):
             allowed = [(L.Replicate(),), (L.Shard(1 - d),)]
             assert tuple(r.placements) in allowed, (name, r.placements)
             torch.testing.assert_close(r.full_tensor(), x.argmax(d, keepdim=True))
+    # a custom op with its own autograd formula trains on DTensors: the formula runs on
+    # the local tensors (PyTorch DTensor runs it on DTensors; same gradient)
+    register_sharding(torch.ops.hs_test.mycos.default)(lambda x: [([hs.Shard(0)], [hs.Shard(0)])])
+    xc = hs.distribute_tensor(x, hs.init_device_mesh("cpu", (world,)), [hs.Shard(0)])
+    xc.requires_grad_()
+    yc = torch.ops.hs_test.mycos(xc)
+    assert tuple(yc.placements) == (hs.Shard(0),)
+    yc.sum().backward()
+    torch.testing.assert_close(yc.full_tensor(), x.cos())
+    torch.testing.assert_close(xc.grad.full_tensor(), -x.sin())
     # a registration replaces an earlier one (here: the custom op refuses Shard(0) too)
     hmesh = hs.init_device_mesh("cpu", (world,))
     dx = hs.distribute_tensor(x, hmesh, [hs.Shard(0)])

@@ -64,6 +64,10 @@ def check_bool_mask_index(rank, world):
     got = dx[dmask]
     assert got.placements == (Replicate(),)
     assert_dtensor_close(got, x[mask])
+    # torch.repeat_interleave(repeats): the index expansion, sized by the values
+    reps = torch.tensor([2, 0, 3, 1, 1])
+    got = torch.repeat_interleave(distribute_tensor(reps, mesh, [Shard(0)]))
+    assert_dtensor_close(got, torch.repeat_interleave(reps))
     # what works instead, equal to torch
     ref = x.masked_fill(~mask[..., None], 0.0)
     out = dx.masked_fill(~dmask[..., None], 0.0)
