@@ -96,6 +96,13 @@ def check_conv(rank, world):
             y = F.conv2d(xs, wr, stride=2)
         assert y.placements == (Shard(d),) and comm.get_total_counts() == 0, (d, y.placements)
         torch.testing.assert_close(y.full_tensor(), F.conv2d(xp, wp, stride=2), atol=1e-4, rtol=0)
+    # overlapping windows on a height shard: redistributed (here to the batch shard), never
+    # into a zero-padded Partial that makes every rank convolve the whole input
+    yo = F.conv2d(
+        distribute_tensor(x, mesh, [Shard(2)]), distribute_tensor(w, mesh, [R]), padding=1
+    )
+    assert not any(p.is_partial() for p in yo.placements), yo.placements
+    torch.testing.assert_close(yo.full_tensor(), F.conv2d(x, w, padding=1), atol=1e-4, rtol=0)
     # 5 columns of stride-2 windows do not tile 2 shards: gathered, still right
     xo = _r(2, 3, 4, 10, seed=17)
     y = F.conv2d(
