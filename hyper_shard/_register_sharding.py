@@ -164,9 +164,6 @@ class _OnLocals:
         )
 
 
-_COUNT = [0]
-
-
 def register(platform: Any, op: Any, fn: Callable[..., Any]) -> None:
     """Bind ``op`` (a framework op ``platform.op_schema`` understands) to strategy function
     ``fn``, replacing any earlier binding of the same names; the layout cache is cleared.
@@ -180,7 +177,6 @@ def register(platform: Any, op: Any, fn: Callable[..., Any]) -> None:
     from .registry.models import OpEntry
 
     info = platform.op_schema(op)
-    _COUNT[0] += 1
     name = f"register_sharding:{info.label}"
     entry = OpEntry.model_validate(
         {

@@ -15,7 +15,7 @@ in ``no_restore_buffers``) and the function is restored.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -28,17 +28,17 @@ __all__ = ["context_parallel"]
 def _sequence_attention(orig: Any, mesh: Any, even: bool) -> Any:
     from ...dtensor import DTensor
     from ...placement import Shard
+    from ...spec import contiguous_stride
 
     def sdpa(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
         if any(isinstance(t, DTensor) for t in (query, key, value)):
             return orig(query, key, value, *args, **kwargs)  # hyper_shard's own rule
 
         def view(t: torch.Tensor) -> Any:
-            shape = None
             if even:  # every piece has the same length: no size exchange needed
                 shape = (*t.shape[:-2], t.shape[-2] * mesh.size(), t.shape[-1])
                 return DTensor.from_local(
-                    t, mesh, [Shard(t.dim() - 2)], shape=shape, stride=_contiguous(shape)
+                    t, mesh, [Shard(t.dim() - 2)], shape=shape, stride=contiguous_stride(shape)
                 )
             return DTensor.from_local(t, mesh, [Shard(t.dim() - 2)])
 
@@ -53,14 +53,6 @@ def _sequence_attention(orig: Any, mesh: Any, even: bool) -> Any:
         return out.to_local()
 
     return sdpa
-
-
-def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
-    stride, acc = [], 1
-    for s in reversed(shape):
-        stride.append(acc)
-        acc *= s
-    return tuple(reversed(stride))
 
 
 @contextmanager
