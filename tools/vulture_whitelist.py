@@ -85,3 +85,17 @@ _.unregister
 # debug.CommDebugMode: PyTorch's interface, read by users and tests
 _.get_comm_counts
 _.get_total_counts
+
+# fsdp FSDPModule: FSDP2's public methods, called by users and tests/dist/test_fsdp_api.py
+_.set_reduce_scatter_divide_factor
+_.set_force_sum_reduction_for_comms
+_.set_all_reduce_hook
+_.set_reduce_scatter_unused_params
+_.set_unshard_in_backward
+_.set_reduce_scatter_max_input_buffers
+_.set_post_optim_event
+_.set_allocate_memory_from_process_group_for_comm
+_.set_symm_mem_for_comm
+_.set_separate_reduce_scatter_group
+_.set_custom_all_gather
+_.set_custom_reduce_scatter

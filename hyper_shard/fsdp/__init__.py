@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ._module import FSDPModule, UnshardHandle
 from ._policy import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
-from .api import fully_shard
+from .api import DataParallelMeshDims, fully_shard, register_fsdp_forward_method, share_comm_ctx
 
 __all__ = [
     "fully_shard",
@@ -26,4 +26,7 @@ __all__ = [
     "MixedPrecisionPolicy",
     "OffloadPolicy",
     "CPUOffloadPolicy",
+    "register_fsdp_forward_method",
+    "share_comm_ctx",
+    "DataParallelMeshDims",
 ]

@@ -112,6 +112,16 @@ class FSDPParamGroup:
         self.reduce_grads = True
         self.all_reduce_grads = True
         self.async_prefetch = True
+        #: set_gradient_divide_factor: divide the summed gradients by this (None: mean)
+        self.gradient_divide_factor: float | None = None
+        #: set_force_sum_reduction_for_comms: collectives reduce with "sum" only
+        self.force_sum_reduction = False
+        #: set_all_reduce_hook: called with the reduced flat gradient buffer
+        self.all_reduce_hook: Any = None
+        #: set_unshard_in_backward(False): backward uses no parameter of the unit
+        self.unshard_in_backward = True
+        #: set_reduce_scatter_unused_params: zeros for parameters without a gradient
+        self.reduce_scatter_unused_params = False
         self.fqn = ""
         self._buckets: list[_Bucket] | None = None
         self._pending_gather: list[tuple[_Bucket, Pending]] | None = None
@@ -272,6 +282,8 @@ class FSDPParamGroup:
         again if an earlier call's post-backward resharded), and prefetch at the first."""
         first = self.training_state is not TrainingState.PRE_BACKWARD
         self.training_state = TrainingState.PRE_BACKWARD
+        if not self.unshard_in_backward:
+            return  # the user said backward needs none of the unit's parameters
         self.unshard()
         self.wait_for_unshard()
         if first and prefetch:
@@ -290,6 +302,8 @@ class FSDPParamGroup:
         """Start this unit's all-gather ahead of its hook (asynchronously where the
         backend can)."""
         if self.unsharded or self._pending_gather is not None:
+            return
+        if state is TrainingState.PRE_BACKWARD and not self.unshard_in_backward:
             return
         self.unshard(self.async_prefetch)
         self.comm.count(
@@ -326,7 +340,10 @@ class FSDPParamGroup:
                     g = p.acc_grad if g is None else _add(p.acc_grad, g)
                     p.acc_grad = None
                 if g is None:
-                    continue
+                    if not (self.reduce_scatter_unused_params and p.requires_grad):
+                        continue
+                    # ranks that used it reduce a gradient: join with zeros (as FSDP2)
+                    g = p.zero_grad()
                 fw.set_raw_grad(p.unsharded, None)
                 with_grad.append(p)
                 grads.append(g)
@@ -366,7 +383,7 @@ class FSDPParamGroup:
         info = self.info
         group = info.shard_group() if info.shard_size > 1 else None
         pend = reduce_scatter_unit(
-            self.plat, group, layout, grads, rd, grads[0], "avg", self.async_prefetch
+            self.plat, group, layout, grads, rd, grads[0], self._reduce_op(), self.async_prefetch
         )
         if layout.n > 1:
             comm.count("reduce_scatter")
@@ -394,8 +411,16 @@ class FSDPParamGroup:
             if not self.all_reduce_grads:
                 self._partial_reduce[key] = flat
                 return
-            all_reduce_unit(plat, info.replicate_group(), flat, "avg").wait()
+            all_reduce_unit(plat, info.replicate_group(), flat, self._reduce_op()).wait()
             self.comm.count("all_reduce")
+        if self.all_reduce_hook is not None:
+            self.all_reduce_hook(flat)
+        if self._reduce_op() == "sum":
+            factor = self.gradient_divide_factor
+            if factor is None:
+                factor = float(info.dp_size)
+            if factor != 1:
+                flat = plat.scale(flat, 1.0 / factor)
         orig = params[0].orig_dtype
         if rd != orig:
             flat = plat.cast(flat, orig)
@@ -407,6 +432,33 @@ class FSDPParamGroup:
                 if self.offload:
                     g = fw.to_host(g, p.pin)
                 self._store_grad(p, g)
+
+    def _reduce_op(self) -> str:
+        """``"avg"`` (the mean over the data-parallel ranks, FSDP2's default), or ``"sum"``
+        with the division after the reduction (a custom divide factor, or sum-only
+        collectives asked for)."""
+        if self.gradient_divide_factor is not None or self.force_sum_reduction:
+            return "sum"
+        return "avg"
+
+    def reset_iter_state(self) -> None:
+        """Forget an iteration an exception aborted: finish and drop every collective in
+        flight, drop the gradients not yet reduced (accumulated ones too), reshard."""
+        self.discard_pending_unshard()
+        if self._pending_reduce is not None:
+            self._pending_reduce[2].wait()
+            self._pending_reduce = None
+        if self in self.comm.pending_reduces:
+            self.comm.pending_reduces.remove(self)
+        self._partial_reduce.clear()
+        for p in self.params:
+            p.acc_grad = None
+            if p.unsharded is not None:
+                self.fw.set_raw_grad(p.unsharded, None)
+        self.reshard()
+        self.training_state = TrainingState.IDLE
+        self._post_forward_indices.clear()
+        self._hooked_calls = 0
 
     def _store_grad(self, p: FSDPParam, g: Any) -> None:
         fw, plat = self.fw, self.plat

@@ -244,6 +244,50 @@ class MSFSDPCell(FSDPModule):
             if unit is not None:
                 unit.requires_all_reduce = bool(requires_all_reduce)
 
+    def set_gradient_divide_factor(self, factor: float) -> None:
+        """As :meth:`FSDPModule.set_gradient_divide_factor` (this unit only)."""
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
+            raise ValueError(
+                f"set_gradient_divide_factor: expected a positive number, got {factor!r}"
+            )
+        _unit(self).divide_factor = float(factor)
+
+    def set_force_sum_reduction_for_comms(self, enable: bool) -> None:
+        """As :meth:`FSDPModule.set_force_sum_reduction_for_comms` (this unit only)."""
+        unit = _unit(self)
+        if enable and unit.divide_factor is None:
+            unit.divide_factor = float(unit.info.dp_size)
+        elif not enable and unit.divide_factor == float(unit.info.dp_size):
+            unit.divide_factor = None
+
+    def set_reduce_scatter_unused_params(self, *a: Any, **k: Any) -> None:
+        """Accepted: a Cell unit's backward always reduces its whole flat buffer (an unused
+        parameter's part is zeros), so ranks using different parameters already match."""
+
+    def set_unshard_in_backward(self, unshard_in_backward: bool) -> None:
+        """Accepted: a Cell unit never all-gathers in backward (the forward's gathered
+        parameters are held by the autograd tape)."""
+
+    def set_reduce_scatter_max_input_buffers(self, *a: Any, **k: Any) -> None:
+        """Accepted: each Cell unit's reduction completes inside its backward."""
+
+    def set_all_reduce_hook(self, *a: Any, **k: Any) -> None:
+        self._unsupported(
+            "set_all_reduce_hook",
+            "the reduction runs inside MindSpore's functional backward, where an in-place "
+            "hook on its output would not reach the returned gradients",
+        )
+
+    def reset_iter_state(self) -> None:
+        """Drop gradients accumulated without sync (and HSDP's held shards) in every unit
+        inside this Cell, and show the sharded parameters (a failed step holds nothing
+        else: each forward gathers afresh)."""
+        for _, cell in self.cells_and_names():  # type: ignore[attr-defined]
+            unit = cell.__dict__.get("_hs_fsdp_unit")
+            if unit is not None:
+                unit.acc = unit.acc_shard = None
+                unit.reshard()
+
     def set_reshard_after_forward(self, *a: Any, **k: Any) -> None:
         self._unsupported(
             "set_reshard_after_forward",

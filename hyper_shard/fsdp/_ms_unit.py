@@ -89,6 +89,9 @@ class MSUnit:
         self.reduce_dtype = rd
         self.requires_gradient_sync = True
         self.requires_all_reduce = True
+        #: set_gradient_divide_factor / set_force_sum_reduction_for_comms: reduce with
+        #: "sum" and divide by this afterwards (None: the mean, "avg" collectives)
+        self.divide_factor: float | None = None
         self.acc: Tensor | None = None  # unsharded flat gradient accumulated without sync
         self.acc_shard: Tensor | None = None  # HSDP: reduced shard awaiting its all-reduce
         self.gathers = 0
@@ -138,14 +141,15 @@ class MSUnit:
             if self.acc is not None:
                 g, self.acc = g + self.acc, None
         self.reduces += 1
+        op = "avg" if self.divide_factor is None else "sum"
         if n > 1:
             group = info.shard_group()
             with NoFallbackGuard():
                 if "reduce_scatter" in plat.native_collectives:
                     pieces = [mint.narrow(g, 0, k * S, S) for k in range(n)]
-                    g = plat.reduce_scatter(pieces, "avg", group)
+                    g = plat.reduce_scatter(pieces, op, group)
                 else:
-                    full = plat.all_reduce(g, "avg", group)
+                    full = plat.all_reduce(g, op, group)
                     g = ops.deepcopy(mint.narrow(full, 0, c * S, S))
         if info.replicate_size > 1:
             with NoFallbackGuard():
@@ -154,8 +158,10 @@ class MSUnit:
                 if not self.requires_all_reduce:  # HSDP micro-batch: all-reduce later
                     self.acc_shard = g
                     return mint.zeros((S,), dtype=self.dtype)
-                g = plat.all_reduce(g, "avg", info.replicate_group())
+                g = plat.all_reduce(g, op, info.replicate_group())
         with NoFallbackGuard():
+            if self.divide_factor is not None and self.divide_factor != 1:
+                g = g * (1.0 / self.divide_factor)
             return g.astype(self.dtype) if g.dtype != self.dtype else g
 
     def unshard(self) -> list[Any]:

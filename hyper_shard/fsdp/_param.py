@@ -144,6 +144,12 @@ class FSDPParam:
             plat.alloc_storage(self.buffer)
         return self.buffer
 
+    def zero_grad(self) -> Any:
+        """A zero unsharded gradient (a plain local tensor of the unsharded shape, in the
+        compute dtype): what a rank that did not use the parameter reduces."""
+        view = self.plat.narrow(self.buffer, 0, 0, _numel(self.shape))
+        return self.plat.zeros_like(self.plat.reshape(view, self.shape))
+
     def to_sharded(self) -> None:
         """Register the sharded parameter on every site and release the unsharded memory."""
         for m, name in self.sites:

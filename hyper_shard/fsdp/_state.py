@@ -217,6 +217,20 @@ class FSDPState:
                 if st.group is not None:
                     st.group.prefetch(TrainingState.PRE_BACKWARD)
 
+    def reset_iter_state(self) -> None:
+        """Forget the current iteration (see ``FSDPModule.reset_iter_state``)."""
+        ctx = self.ctx
+        states = ctx.all_states or [self]
+        for st in states:
+            if st.group is not None:
+                st.group.reset_iter_state()
+            st.training_state = TrainingState.IDLE
+        ctx.iter_forward_root = None
+        ctx.callback_queued = False
+        ctx.is_last_backward = True
+        self.comm.pending_reduces.clear()
+        self.comm.post_forward_order.clear()
+
     def _root_state(self) -> FSDPState:
         for st in self.ctx.all_states:
             if st.is_root:

@@ -6,7 +6,9 @@ the unit and the hooks; the framework's side goes through :mod:`._adapter`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..dtensor import DTensor, redistribute_local
@@ -19,9 +21,45 @@ from ._param import FSDPParam
 from ._policy import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 from ._state import FSDPState, state_of
 
-__all__ = ["fully_shard"]
+__all__ = [
+    "fully_shard",
+    "register_fsdp_forward_method",
+    "share_comm_ctx",
+    "DataParallelMeshDims",
+]
 
 _NO_MIXED_PRECISION = MixedPrecisionPolicy()
+#: the attribute holding a module's FSDP forward hooks ``(pre, post)``
+_FORWARD_HOOKS = "_hs_fsdp_forward_hooks"
+
+
+@dataclass
+class DataParallelMeshDims:
+    """FSDP2's names of the data-parallel dims of a full SPMD mesh (``shard``: the dim(s)
+    FSDP shards on; ``replicate``: HSDP's replicate dim(s)), for
+    ``fully_shard(..., dp_mesh_dims=...)``. hyper_shard does not take that form yet: pass
+    the data-parallel sub-mesh instead (``mesh=spmd_mesh["dp"]``, or
+    ``spmd_mesh[("dp_replicate", "dp_shard")]`` for HSDP), with tensor-parallel
+    parameters on ``spmd_mesh["tp"]`` (docs/fsdp.md)."""
+
+    shard: str | tuple[str, ...] | None = None
+    replicate: str | tuple[str, ...] | None = None
+
+    @property
+    def shard_names(self) -> tuple[str, ...]:
+        return _names(self.shard)
+
+    @property
+    def replicate_names(self) -> tuple[str, ...]:
+        return _names(self.replicate)
+
+
+def _names(v: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    return (v,) if isinstance(v, str) else tuple(v)
+
+
 #: the attribute marking a sharded parameter (value: its FSDPParam)
 _SHARDED = "_hs_fsdp_param"
 
@@ -35,6 +73,7 @@ def fully_shard(
     mp_policy: MixedPrecisionPolicy = _NO_MIXED_PRECISION,
     offload_policy: OffloadPolicy | None = None,
     ignored_params: set[Any] | None = None,
+    dp_mesh_dims: DataParallelMeshDims | None = None,
 ) -> Any:
     """Shard ``module``'s parameters over the data-parallel ranks (as FSDP2's
     ``fully_shard``): apply it to each block, then to the root.
@@ -70,6 +109,8 @@ def fully_shard(
         offload_policy: :class:`CPUOffloadPolicy` keeps shards, gradients and optimizer
             state in host memory; None or :class:`OffloadPolicy`: no offloading.
         ignored_params: parameters left alone (not sharded, not reduced).
+        dp_mesh_dims: FSDP2's full-SPMD-mesh form: only None (see
+            :class:`DataParallelMeshDims`).
 
     Returns:
         ``module`` (its class swapped).
@@ -79,8 +120,8 @@ def fully_shard(
             contain this rank or is not 1-D/2-D; a parameter that another unit already
             manages (fully_shard bottom-up: submodules first) or shares with another unit;
             a 0-d parameter; an int ``reshard_after_forward`` of the wrong kind.
-        NotImplementedError: a list of modules, a ``shard_placement_fn``, or an int
-            ``reshard_after_forward`` (resharding to a smaller mesh).
+        NotImplementedError: a list of modules, a ``shard_placement_fn``, an int
+            ``reshard_after_forward`` (resharding to a smaller mesh), or ``dp_mesh_dims``.
         TypeError: ``module`` is neither a ``torch.nn.Module`` nor a ``mindspore.nn.Cell``.
     """
     if isinstance(module, (list, tuple)):
@@ -93,6 +134,13 @@ def fully_shard(
         raise ValueError(
             f"fully_shard was already applied to this {type(module).__name__}; apply it once "
             f"per module (each call makes one unit)"
+        )
+    if dp_mesh_dims is not None:
+        raise NotImplementedError(
+            f"fully_shard(dp_mesh_dims={dp_mesh_dims}): the full-SPMD-mesh form is not "
+            f"supported; pass the data-parallel sub-mesh as mesh (e.g. mesh=spmd_mesh['dp'], "
+            f"or spmd_mesh[('dp_replicate', 'dp_shard')] for HSDP) and keep tensor-parallel "
+            f"parameters on spmd_mesh['tp'] (they compose into 2-D DTensors)"
         )
     if shard_placement_fn is not None:
         raise NotImplementedError(
@@ -131,7 +179,8 @@ def fully_shard(
                 f"all-gather and reduction); keep offload_policy=None"
             )
         ignored = set(map(id, ignored_params or ()))
-        fw.shard_unit(module, info, _managed_params(module, fw, ignored), mp_policy)
+        unit = fw.shard_unit(module, info, _managed_params(module, fw, ignored), mp_policy)
+        module.__dict__[_FORWARD_HOOKS] = (unit.pre_forward, unit.post_forward)
         module.__class__ = fw.fsdp_class(type(module))
         return module
     plat = mesh.platform
@@ -152,10 +201,52 @@ def fully_shard(
         group.async_prefetch = plat.name == "torch"
     state = FSDPState((module,), group, fw, mp_policy, reshard_after_forward is None)
     fw.register_forward_hooks(module, state.pre_forward, state.post_forward)
+    module.__dict__[_FORWARD_HOOKS] = (state.pre_forward, state.post_forward)
     if group is not None:
         _register_state_dict_hooks(fw, group)
     module.__class__ = fw.fsdp_class(type(module))
     return module
+
+
+def register_fsdp_forward_method(module: Any, method_name: str) -> None:
+    """Make ``module.<method_name>`` run FSDP's forward hooks around it, as ``forward``
+    does (as FSDP2's): the unit's parameters are all-gathered before the method and
+    resharded after it as ``reshard_after_forward`` says, so a ``generate`` or an
+    ``encode`` computes with the whole parameters. A no-op for a module ``fully_shard``
+    was not applied to.
+
+    Raises:
+        ValueError: the module has no attribute ``method_name``."""
+    hooks = getattr(module, "__dict__", {}).get(_FORWARD_HOOKS)
+    if hooks is None:
+        return  # as FSDP2: the same code runs with and without FSDP
+    if not hasattr(module, method_name):
+        raise ValueError(f"{type(module).__name__} does not have a method {method_name!r}")
+    pre, post = hooks
+    orig = getattr(module, method_name)
+
+    @functools.wraps(orig)
+    def method(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = pre(module, args, kwargs)
+        return post(module, args, orig(*args, **kwargs))
+
+    setattr(module, method_name, method)
+
+
+def share_comm_ctx(modules: list[Any]) -> None:
+    """FSDP2 shares its CUDA communication streams between several roots (pipeline
+    stages). hyper_shard issues collectives on the process group from the calling
+    thread, with no streams of its own, so there is nothing to share: the modules are
+    checked and left as they are.
+
+    Raises:
+        ValueError: an element ``fully_shard`` was not applied to."""
+    for m in modules:
+        if state_of(m) is None and "_hs_fsdp_unit" not in getattr(m, "__dict__", {}):
+            raise ValueError(
+                f"share_comm_ctx: {type(m).__name__} is not a fully_shard module; pass "
+                f"modules fully_shard was applied to"
+            )
 
 
 def _default_mesh(module: Any, fw: Any) -> DeviceMesh:

@@ -306,3 +306,58 @@ def test_fully_shard_cell_state_dict_round_trips(ms2, tmp_path):
         assert o["forward"] < 1e-6
         assert o["still_sharded"] in [("(Shard(dim=0),)", (4, 12)), ("(Shard(dim=0),)", (3, 12))]
         assert o["ckpt_plain"] == 0.0 and o["ckpt_tp"] == 0.0
+
+
+def check_fsdp2_knobs(rank: int, world: int) -> dict:
+    import mindspore as ms
+    from mindspore import Tensor
+
+    import hyper_shard as hs
+    from hyper_shard.fsdp import fully_shard, register_fsdp_forward_method
+    from hyper_shard.platform.mindspore.autograd import value_and_grad
+
+    mesh = hs.init_device_mesh("CPU", (world,))
+    x = np.random.RandomState(5).randn(4, 8).astype(np.float32)
+    t = np.random.RandomState(6).randn(4, 5).astype(np.float32)
+    half = 4 // world
+    sl = slice(rank * half, (rank + 1) * half)
+    ref = _model(1)
+    _, ref_g = ms.value_and_grad(
+        lambda a, b: ((ref(a) - b) ** 2).mean(), None, ref.trainable_params()
+    )(Tensor(x), Tensor(t))
+    out = {}
+    for mode in ("divide_1", "force_sum"):
+        net = _model(1)
+        for cell in (net.b1, net.b2, net):
+            fully_shard(cell, mesh=mesh)
+            if mode == "divide_1":
+                cell.set_gradient_divide_factor(1.0)  # the sum over ranks, not the mean
+            else:
+                cell.set_force_sum_reduction_for_comms(True)
+        vg = value_and_grad(
+            lambda a, b, net=net: ((net(a) - b) ** 2).mean(), None, net.trainable_params()
+        )
+        _, grads = vg(Tensor(x[sl]), Tensor(t[sl]))
+        scale = float(world) if mode == "divide_1" else 1.0
+        out[mode] = max(
+            float(np.abs(g.full_tensor().asnumpy() - scale * r.asnumpy()).max())
+            for g, r in zip(grads, ref_g)
+        )
+    # another entry point of the root Cell runs with its gathered parameters
+    net = _model(1)
+    fully_shard(net, mesh=mesh)
+    register_fsdp_forward_method(net, "construct")
+    got = net.construct(Tensor(x))
+    out["forward_method"] = float(np.abs(got.asnumpy() - ref(Tensor(x)).asnumpy()).max())
+    net.reset_iter_state()
+    return out
+
+
+def test_fully_shard_cell_fsdp2_knobs(ms2):
+    """set_gradient_divide_factor(1.0) gives the sum of the ranks' gradients (world x one
+    process's mean-loss gradient); set_force_sum_reduction_for_comms gives the mean as by
+    default; register_fsdp_forward_method runs a method with the unit's hooks."""
+    for o in ms2.run(check_fsdp2_knobs):
+        assert o["divide_1"] < 1e-5, o
+        assert o["force_sum"] < 1e-5, o
+        assert o["forward_method"] < 1e-5, o
