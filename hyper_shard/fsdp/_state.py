@@ -76,9 +76,9 @@ class FSDPState:
         if self.is_root is not None:
             return
         self.is_root = True
-        root = self.modules[0]
         states: list[FSDPState] = []
-        for name, m in self.fw.named_modules(root):
+        named = [nm for root in self.modules for nm in self.fw.named_modules(root)]
+        for name, m in named:
             st = state_of(m)
             if st is None or st in states:
                 continue

@@ -100,6 +100,9 @@ def fully_shard(
         module: a ``torch.nn.Module`` or a ``mindspore.nn.Cell`` (see docs/fsdp.md
             "MindSpore" for what a Cell supports); its class becomes ``FSDP<Class>``, a subclass of
             :class:`FSDPModule` (``reshard``, ``unshard``, ``set_requires_gradient_sync``...).
+            A list of torch modules makes one unit of them all (as FSDP2: gathered when
+            the first of them starts forward, resharded after the last one ends; e.g.
+            ``[model.norm, model.output]``); every module of it shares the unit.
         mesh: the data-parallel mesh (1-D FSDP or 2-D HSDP); default: all ranks, 1-D.
         reshard_after_forward: True: free after forward (gather again in backward);
             False: keep until after backward; None (default, as FSDP2): True except for
@@ -113,27 +116,40 @@ def fully_shard(
             :class:`DataParallelMeshDims`).
 
     Returns:
-        ``module`` (its class swapped).
+        ``module`` (its class swapped; a list: the same list, each module swapped).
 
     Raises:
         ValueError: ``fully_shard`` already applied to ``module``; a mesh that does not
             contain this rank or is not 1-D/2-D; a parameter that another unit already
             manages (fully_shard bottom-up: submodules first) or shares with another unit;
             a 0-d parameter; an int ``reshard_after_forward`` of the wrong kind.
-        NotImplementedError: a list of modules, a ``shard_placement_fn``, an int
-            ``reshard_after_forward`` (resharding to a smaller mesh), or ``dp_mesh_dims``.
-        TypeError: ``module`` is neither a ``torch.nn.Module`` nor a ``mindspore.nn.Cell``.
+        NotImplementedError: a list of MindSpore Cells, a ``shard_placement_fn``, an
+            int ``reshard_after_forward`` (resharding to a smaller mesh), or
+            ``dp_mesh_dims``.
+        TypeError: ``module`` is neither a ``torch.nn.Module`` nor a ``mindspore.nn.Cell``
+            (or a list mixes frameworks).
     """
-    if isinstance(module, (list, tuple)):
+    modules = tuple(module) if isinstance(module, (list, tuple)) else (module,)
+    if not modules:
+        raise ValueError("fully_shard([]): pass a module or a non-empty list of modules")
+    fw = framework_for(modules[0])
+    for m in modules:
+        if framework_for(m) is not fw:
+            raise TypeError(
+                f"fully_shard([...]): the modules of one unit must be of one framework, got "
+                f"{type(modules[0]).__name__} and {type(m).__name__}"
+            )
+        if state_of(m) is not None or "_hs_fsdp_unit" in getattr(m, "__dict__", {}):
+            raise ValueError(
+                f"fully_shard was already applied to this {type(m).__name__}; apply it once "
+                f"per module (each call makes one unit)"
+            )
+    if len(set(map(id, modules))) != len(modules):
+        raise ValueError("fully_shard([...]): a module is listed twice")
+    if len(modules) > 1 and fw.own_units:
         raise NotImplementedError(
-            "fully_shard([modules...]): grouping several modules into one unit is not "
-            "supported; fully_shard a module that contains them"
-        )
-    fw = framework_for(module)
-    if state_of(module) is not None or "_hs_fsdp_unit" in getattr(module, "__dict__", {}):
-        raise ValueError(
-            f"fully_shard was already applied to this {type(module).__name__}; apply it once "
-            f"per module (each call makes one unit)"
+            f"fully_shard([...]) on {fw.name} Cells: a unit of several Cells is not "
+            f"supported there; fully_shard a Cell that contains them"
         )
     if dp_mesh_dims is not None:
         raise NotImplementedError(
@@ -167,7 +183,7 @@ def fully_shard(
             f"fully_shard: mp_policy must be a MixedPrecisionPolicy, got {type(mp_policy).__name__}"
         )
     if mesh is None:
-        mesh = _default_mesh(module, fw)
+        mesh = _default_mesh(modules[0], fw)
     info = MeshInfo(mesh)
     if fw.own_units:  # MindSpore: functional autograd, a unit is a differentiable gather
         device = getattr(mesh.platform, "device", "CPU")
@@ -186,26 +202,60 @@ def fully_shard(
     plat = mesh.platform
     offload = isinstance(offload_policy, CPUOffloadPolicy)
     pin = bool(getattr(offload_policy, "pin_memory", False))
-    params = _managed_params(module, fw, set(map(id, ignored_params or ())))
+    ignored = set(map(id, ignored_params or ()))
+    params, seen = [], set()
+    for m in modules:  # a unit of several modules: their parameters, each once
+        for entry in _managed_params(m, fw, ignored):
+            if id(entry[0][1]) not in seen:
+                seen.add(id(entry[0][1]))
+                params.append(entry)
     fparams = []
     for (fqn, p), sites in params:
         fp = FSDPParam(p, sites, info, fw, plat, fqn, offload, pin)
-        fp.unit_module = module
+        fp.unit_module = modules[0]
         fp.sharded_param.__dict__[_SHARDED] = fp
-        p.__dict__["_hs_fsdp_claimed"] = f"{type(module).__name__}.{fqn}"
+        p.__dict__["_hs_fsdp_claimed"] = f"{type(sites[0][0]).__name__}.{fqn}"
         fparams.append(fp)
     group = None
     if fparams:
-        group = FSDPParamGroup(fparams, (module,), info, mp_policy, fw, plat, offload)
+        group = FSDPParamGroup(fparams, modules, info, mp_policy, fw, plat, offload)
         group.reshard_after_forward = reshard_after_forward is not False
         group.async_prefetch = plat.name == "torch"
-    state = FSDPState((module,), group, fw, mp_policy, reshard_after_forward is None)
-    fw.register_forward_hooks(module, state.pre_forward, state.post_forward)
-    module.__dict__[_FORWARD_HOOKS] = (state.pre_forward, state.post_forward)
+    state = FSDPState(modules, group, fw, mp_policy, reshard_after_forward is None)
+    pre, post = (
+        (state.pre_forward, state.post_forward) if len(modules) == 1 else _group_hooks(state)
+    )
+    for m in modules:
+        fw.register_forward_hooks(m, pre, post)
+        m.__dict__[_FORWARD_HOOKS] = (state.pre_forward, state.post_forward)
     if group is not None:
         _register_state_dict_hooks(fw, group)
-    module.__class__ = fw.fsdp_class(type(module))
+    for m in modules:
+        m.__class__ = fw.fsdp_class(type(m))
     return module
+
+
+def _group_hooks(state: FSDPState) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """Forward hooks of a unit of several modules (as FSDP2's grouped ``fully_shard``):
+    the unit's pre-forward runs when the first of its modules starts (a module that
+    already ran this cycle starts a new one), its post-forward when the last one ends."""
+    ids = frozenset(id(m) for m in state.modules)
+    pending: set[int] = set()
+
+    def pre(m: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if id(m) not in pending:
+            pending.clear()
+            pending.update(ids)
+            return state.pre_forward(m, args, kwargs)
+        return args, kwargs
+
+    def post(m: Any, args: Any, output: Any) -> Any:
+        pending.discard(id(m))
+        if pending:
+            return output
+        return state.post_forward(m, args, output)
+
+    return pre, post
 
 
 def register_fsdp_forward_method(module: Any, method_name: str) -> None:

@@ -4,7 +4,8 @@ ranks), each against the same model trained in one process on the whole batch:
 ``set_all_reduce_hook``, ``set_unshard_in_backward``, ``set_reduce_scatter_unused_params``
 (ranks using different blocks), ``set_reduce_scatter_max_input_buffers``,
 ``register_fsdp_forward_method``, ``reset_iter_state`` after a forward that raised,
-``share_comm_ctx``, and the forms that are refused with a clear error."""
+``share_comm_ctx``, units of several modules (``fully_shard([norm, head])``), and the
+forms that are refused with a clear error."""
 
 from __future__ import annotations
 
@@ -189,6 +190,23 @@ def check_fsdp_api(rank, world):
     # the optimizer is new in train(): compare with a reference that also restarts it
     got = train(model, data[1:], rank, world, mean_loss=mean)
     assert_same_training(got, train(ref2, data[1:], 0, 1))
+
+    # ---- one unit of several modules: adjacent ones, and the two ends of the model
+    for names, raf in ((("norm", "head"), True), (("emb", "head"), True), (("emb", "head"), False)):
+        model = make_net()
+        for b in model.blocks:
+            fully_shard(b, mesh=mesh)
+        group = [getattr(model, n) for n in names]
+        assert fully_shard(group, mesh=mesh, reshard_after_forward=raf) is group
+        fully_shard(model, mesh=mesh)
+        st = group[0]._fsdp_state()
+        assert group[1]._fsdp_state() is st and len(st.group.params) == 3 - (names[0] == "emb")
+        assert_same_training(train(model, data, rank, world, mean_loss=mean), ref)
+        assert all(isinstance(p, DTensor) for p in model.parameters())
+    with pytest.raises(ValueError, match="listed twice"):
+        fully_shard([model.norm, model.norm], mesh=mesh)
+    with pytest.raises(ValueError, match="non-empty"):
+        fully_shard([], mesh=mesh)
 
     # ---- share_comm_ctx, the CUDA-only knobs and the refused forms
     share_comm_ctx(_units(model))
