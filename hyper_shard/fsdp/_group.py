@@ -169,7 +169,7 @@ class FSDPParamGroup:
             dtypes[k] = p.compute_dtype
         n = self.info.shard_size
         self._buckets = [
-            _Bucket(dtypes[k], idx, FlatLayout([self.params[i].shape for i in idx], n))
+            _Bucket(dtypes[k], idx, FlatLayout([self.params[i].flat_shape for i in idx], n))
             for k, idx in by_dtype.items()
         ]
 
@@ -191,7 +191,9 @@ class FSDPParamGroup:
         group = info.shard_group() if info.shard_size > 1 else None
         pend = []
         for b in self._buckets:
-            locals_ = [self.params[i].shard_local() for i in b.indices]
+            locals_ = [
+                self.params[i].to_flat_order(self.params[i].shard_local()) for i in b.indices
+            ]
             like = locals_[0]
             if self.offload:
                 locals_ = [self.fw.to_device(t, self._device_like()) for t in locals_]
@@ -377,8 +379,9 @@ class FSDPParamGroup:
         layout = self._rs_layouts.get(key)
         if layout is None:
             layout = self._rs_layouts[key] = FlatLayout(
-                [p.shape for p in params], self.info.shard_size
+                [p.flat_shape for p in params], self.info.shard_size
             )
+        grads = [p.to_flat_order(g) for p, g in zip(params, grads)]
         rd = params[0].reduce_dtype or self.plat.tensor_meta(grads[0]).dtype
         info = self.info
         group = info.shard_group() if info.shard_size > 1 else None
@@ -429,6 +432,8 @@ class FSDPParamGroup:
         with fw.no_grad():
             for p, v, slot in zip(params, views, layout.slots):
                 g = plat.reshape(v, slot.shard_shape(c))
+                if p.shard_dim:
+                    g = plat.contiguous(p.from_flat_order(g))
                 if self.offload:
                     g = fw.to_host(g, p.pin)
                 self._store_grad(p, g)

@@ -66,7 +66,11 @@ class MeshInfo:
     def placements(self) -> tuple[Placement, ...]:
         """The data-parallel placements of a parameter: ``(Shard(0),)`` or
         ``(Replicate(), Shard(0))``."""
-        return (Shard(0),) if self.mesh.ndim == 1 else (Replicate(), Shard(0))
+        return self.placements_for(0)
+
+    def placements_for(self, dim: int) -> tuple[Placement, ...]:
+        """The data-parallel placements of a parameter sharded along ``dim``."""
+        return (Shard(dim),) if self.mesh.ndim == 1 else (Replicate(), Shard(dim))
 
     @property
     def dp_size(self) -> int:
@@ -133,7 +137,7 @@ def compose_mesh(
 
 
 def sharded_spec(
-    info: MeshInfo, ospec: DTensorSpec | None, meta: TensorMeta
+    info: MeshInfo, ospec: DTensorSpec | None, meta: TensorMeta, dim: int = 0
 ) -> tuple[DTensorSpec, tuple[int, ...], tuple[int, ...]]:
     """The layout of a sharded parameter and the positions of its data-parallel and
     tensor-parallel mesh dims (framework-neutral: both FSDP adapters use it).
@@ -143,6 +147,7 @@ def sharded_spec(
         ospec: the original parameter's spec (a DTensor on a tensor-parallel sub-mesh), or
             None for a plain parameter.
         meta: the original's local metadata (a plain parameter's: its global metadata).
+        dim: the tensor dim FSDP shards (0 unless ``shard_placement_fn`` says otherwise).
 
     Returns:
         ``(spec, dp_dims, tp_dims)``. A plain parameter: ``info.placements`` on the
@@ -154,18 +159,19 @@ def sharded_spec(
     Raises:
         ValueError: the meshes do not compose (:func:`compose_mesh`).
     """
-    dp = info.placements
+    dp = info.placements_for(dim)
     if ospec is None:
         return DTensorSpec(info.mesh, dp, meta), tuple(range(info.mesh.ndim)), ()
     mesh, placements, dp_dims, tp_dims = compose_mesh(info.mesh, dp, ospec.mesh, ospec.placements)
     gmeta = TensorMeta(ospec.shape, ospec.stride, meta.dtype, meta.itemsize)
     order = [
         (d, tuple(tp_dims[m] for m in ospec.split_order(d)))
-        for d in range(1, ospec.ndim)
-        if ospec.split_order(d)
+        for d in range(ospec.ndim)
+        if ospec.split_order(d) and d != dim
     ]
     shard_dp = dp_dims[info.shard_dim]
-    order.append((0, tuple(tp_dims[m] for m in ospec.split_order(0)) + (shard_dp,)))
+    order.append((dim, tuple(tp_dims[m] for m in ospec.split_order(dim)) + (shard_dp,)))
+    order.sort()
     return DTensorSpec(mesh, placements, gmeta, order), dp_dims, tp_dims
 
 

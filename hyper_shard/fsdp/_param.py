@@ -53,6 +53,7 @@ class FSDPParam:
         fqn: str,
         offload: bool = False,
         pin: bool = False,
+        shard_dim: int = 0,
     ) -> None:
         self.sites = sites
         self.unit_module: Any = None  # the module of the fully_shard call managing it
@@ -75,14 +76,22 @@ class FSDPParam:
                 f"ignored_params, or make it 1-D"
             )
         self.shape = shape  # the unsharded (local) shape
+        if not -len(shape) <= shard_dim < len(shape):
+            raise ValueError(
+                f"fully_shard: shard_placement_fn gave Shard({shard_dim}) for parameter "
+                f"{fqn!r} of {len(shape)} dims; return Shard(d) with 0 <= d < {len(shape)}"
+            )
+        d = self.shard_dim = shard_dim % len(shape)
+        #: the shape the flat buffers hold: the sharded dim first (``shape`` when d = 0)
+        self.flat_shape = (shape[d], *shape[:d], *shape[d + 1 :])
         n, c = info.shard_size, info.shard_coord
-        rows = chunk_sizes(shape[0], n)
+        rows = chunk_sizes(shape[d], n)
         start = sum(rows[:c])
         meta = plat.tensor_meta(local)
         # a copy in its own storage: the original's memory is released with it
-        shard_shape = (rows[c], *shape[1:])
+        shard_shape = (*shape[:d], rows[c], *shape[d + 1 :])
         shard = plat.empty_flat(_numel(shard_shape), meta.dtype, local)
-        plat.copy_flat(shard, plat.narrow(local, 0, start, rows[c]))
+        plat.copy_flat(shard, plat.narrow(local, d, start, rows[c]))
         shard = plat.reshape(shard, shard_shape)
         if offload:
             shard = fw.to_host(shard, pin)
@@ -100,7 +109,7 @@ class FSDPParam:
 
     # ------------------------------------------------------------------ layout
     def _sharded_spec(self, ospec: DTensorSpec | None, meta: TensorMeta) -> DTensorSpec:
-        spec, self.dp_dims, self.tp_dims = sharded_spec(self.info, ospec, meta)
+        spec, self.dp_dims, self.tp_dims = sharded_spec(self.info, ospec, meta, self.shard_dim)
         return spec
 
     def _grad_placements(self) -> tuple[Placement, ...]:
@@ -110,6 +119,17 @@ class FSDPParam:
     def shard_local(self) -> Any:
         """This rank's shard as a plain local tensor (an alias of the sharded parameter)."""
         return self.plat.local_of(self.sharded_param)
+
+    def to_flat_order(self, t: Any) -> Any:
+        """A tensor of the parameter's (or its shard's) shape with the sharded dim first,
+        as the flat buffers hold it (a view; ``t`` itself when FSDP shards dim 0)."""
+        d = self.shard_dim
+        return t if d == 0 else self.plat.movedim(t, d, 0)
+
+    def from_flat_order(self, t: Any) -> Any:
+        """The inverse of :meth:`to_flat_order` (a view)."""
+        d = self.shard_dim
+        return t if d == 0 else self.plat.movedim(t, 0, d)
 
     def init_dtypes(self, param_dtype: Any, reduce_dtype: Any) -> None:
         """Mixed precision (as FSDP2): no cast when the dtype already matches or the
@@ -132,7 +152,7 @@ class FSDPParam:
         if self.buffer is None:
             self.buffer = plat.empty_flat(n * slot_numel, self.compute_dtype, like)
             view = plat.narrow(self.buffer, 0, 0, _numel(self.shape))
-            view = plat.reshape(view, self.shape)
+            view = self.from_flat_order(plat.reshape(view, self.flat_shape))
             if self.orig_spec is None:
                 t = view
             else:
@@ -148,7 +168,7 @@ class FSDPParam:
         """A zero unsharded gradient (a plain local tensor of the unsharded shape, in the
         compute dtype): what a rank that did not use the parameter reduces."""
         view = self.plat.narrow(self.buffer, 0, 0, _numel(self.shape))
-        return self.plat.zeros_like(self.plat.reshape(view, self.shape))
+        return self.from_flat_order(self.plat.zeros_like(self.plat.reshape(view, self.flat_shape)))
 
     def to_sharded(self) -> None:
         """Register the sharded parameter on every site and release the unsharded memory."""

@@ -107,7 +107,10 @@ def fully_shard(
         reshard_after_forward: True: free after forward (gather again in backward);
             False: keep until after backward; None (default, as FSDP2): True except for
             the root, which keeps its parameters for the backward that follows at once.
-        shard_placement_fn: only None (dim-0 sharding) is supported.
+        shard_placement_fn: ``fn(param) -> Shard(d) | None`` (as FSDP2): shard that
+            parameter along tensor dim ``d`` instead of 0 (``torch.chunk`` along ``d``; the
+            flat buffers hold it with ``d`` first, the unsharded parameter is a view of
+            the gathered buffer). torch modules only.
         mp_policy: mixed precision (:class:`MixedPrecisionPolicy`).
         offload_policy: :class:`CPUOffloadPolicy` keeps shards, gradients and optimizer
             state in host memory; None or :class:`OffloadPolicy`: no offloading.
@@ -123,8 +126,8 @@ def fully_shard(
             contain this rank or is not 1-D/2-D; a parameter that another unit already
             manages (fully_shard bottom-up: submodules first) or shares with another unit;
             a 0-d parameter; an int ``reshard_after_forward`` of the wrong kind.
-        NotImplementedError: a list of MindSpore Cells, a ``shard_placement_fn``, an
-            int ``reshard_after_forward`` (resharding to a smaller mesh), or
+        NotImplementedError: a list of MindSpore Cells or a ``shard_placement_fn`` on
+            them, an int ``reshard_after_forward`` (resharding to a smaller mesh), or
             ``dp_mesh_dims``.
         TypeError: ``module`` is neither a ``torch.nn.Module`` nor a ``mindspore.nn.Cell``
             (or a list mixes frameworks).
@@ -158,10 +161,10 @@ def fully_shard(
             f"or spmd_mesh[('dp_replicate', 'dp_shard')] for HSDP) and keep tensor-parallel "
             f"parameters on spmd_mesh['tp'] (they compose into 2-D DTensors)"
         )
-    if shard_placement_fn is not None:
+    if shard_placement_fn is not None and fw.own_units:
         raise NotImplementedError(
-            "fully_shard(shard_placement_fn=...): only dim-0 sharding is supported; leave "
-            "shard_placement_fn=None"
+            f"fully_shard(shard_placement_fn=...) on {fw.name} Cells: only dim-0 sharding "
+            f"is supported there; leave shard_placement_fn=None"
         )
     if isinstance(reshard_after_forward, int) and not isinstance(reshard_after_forward, bool):
         raise NotImplementedError(
@@ -211,7 +214,8 @@ def fully_shard(
                 params.append(entry)
     fparams = []
     for (fqn, p), sites in params:
-        fp = FSDPParam(p, sites, info, fw, plat, fqn, offload, pin)
+        dim = _shard_dim(shard_placement_fn, p, fqn)
+        fp = FSDPParam(p, sites, info, fw, plat, fqn, offload, pin, dim)
         fp.unit_module = modules[0]
         fp.sharded_param.__dict__[_SHARDED] = fp
         p.__dict__["_hs_fsdp_claimed"] = f"{type(sites[0][0]).__name__}.{fqn}"
@@ -233,6 +237,33 @@ def fully_shard(
     for m in modules:
         m.__class__ = fw.fsdp_class(type(m))
     return module
+
+
+def _shard_dim(fn: Callable[[Any], Any] | None, param: Any, fqn: str) -> int:
+    """The tensor dim ``shard_placement_fn`` shards ``param`` on (0 without one, or where
+    it returns None), as FSDP2.
+
+    Raises:
+        TypeError: it returned something other than ``Shard(d)`` or None.
+        NotImplementedError: a placement together with a mesh (per-parameter meshes)."""
+    if fn is None:
+        return 0
+    out = fn(param)
+    if out is None:
+        return 0
+    from ..placement import Shard
+
+    if isinstance(out, Shard):
+        return int(out.dim)
+    if hasattr(out, "placement") and hasattr(out, "mesh_info"):
+        raise NotImplementedError(
+            f"fully_shard: shard_placement_fn returned a placement with its own mesh for "
+            f"{fqn!r}; per-parameter meshes are not supported: return Shard(d) or None"
+        )
+    raise TypeError(
+        f"fully_shard: shard_placement_fn must return Shard(d) or None for a parameter, got "
+        f"{out!r} for {fqn!r}"
+    )
 
 
 def _group_hooks(state: FSDPState) -> tuple[Callable[..., Any], Callable[..., Any]]:

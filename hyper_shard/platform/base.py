@@ -181,6 +181,10 @@ class Platform:
     def transpose(self, t: Any, dim0: int, dim1: int) -> Any:
         raise NotImplementedError
 
+    def movedim(self, t: Any, source: int, destination: int) -> Any:
+        """``t`` with dim ``source`` moved to ``destination`` (a view; as ``torch.movedim``)."""
+        raise NotImplementedError
+
     def matmul(self, a: Any, b: Any) -> Any:
         raise NotImplementedError
 

@@ -57,6 +57,14 @@ def check_fsdp_tp(rank, world, hsdp):
     assert_same_training(got, ref)
     if hsdp:
         return got["loss"]
+    # ---- FSDP along dim 1 (shard_placement_fn) over tensor parallelism
+    m1 = make_net()
+    hp.parallelize_module(m1, mesh["tp"], _plan(hp, Replicate))
+    _shard(m1, dp_mesh, shard_placement_fn=lambda p: Shard(1) if p.dim() == 2 else None)
+    up, down = m1.blocks[0].up.weight, m1.blocks[0].down.weight
+    assert up.placements == (Shard(1), Shard(0)), up.placements  # colwise: rows over tp
+    assert down.placements == (Shard(1), Shard(1)), down.placements  # rowwise: both on dim 1
+    assert_same_training(train(m1, data, dp_rank, 2, mean_loss=_mean_over(2, dp_group)), ref)
 
     # ---- the ordered layout through DTensor ops
     params = dict(model.named_parameters())

@@ -4,8 +4,9 @@ ranks), each against the same model trained in one process on the whole batch:
 ``set_all_reduce_hook``, ``set_unshard_in_backward``, ``set_reduce_scatter_unused_params``
 (ranks using different blocks), ``set_reduce_scatter_max_input_buffers``,
 ``register_fsdp_forward_method``, ``reset_iter_state`` after a forward that raised,
-``share_comm_ctx``, units of several modules (``fully_shard([norm, head])``), and the
-forms that are refused with a clear error."""
+``share_comm_ctx``, units of several modules (``fully_shard([norm, head])``),
+``shard_placement_fn`` (parameters sharded along dim 1), and the forms that are refused
+with a clear error."""
 
 from __future__ import annotations
 
@@ -207,6 +208,32 @@ def check_fsdp_api(rank, world):
         fully_shard([model.norm, model.norm], mesh=mesh)
     with pytest.raises(ValueError, match="non-empty"):
         fully_shard([], mesh=mesh)
+
+    # ---- shard_placement_fn: matrices sharded along dim 1 (uneven: down is 6 x 5)
+    from hyper_shard import Shard
+
+    def by_columns(p):  # noqa: ANN001, ANN202
+        return Shard(1) if p.dim() == 2 else None
+
+    for fn in (by_columns, lambda p: Shard(-1)):
+        model = _shard(make_net(), mesh, shard_placement_fn=fn)
+        for n, p in model.named_parameters():
+            want = Shard(1) if p.dim() == 2 else Shard(0)  # Shard(-1) is normalized
+            assert p.placements == (want,), (n, p.placements)
+        down = model.blocks[0].down.weight
+        assert down.to_local().shape == ((6, 3) if rank == 0 else (6, 2)), down.to_local().shape
+        assert_same_training(train(model, data, rank, world, mean_loss=mean), ref)
+        for n, p in model.named_parameters():
+            assert p.grad is None or p.grad.placements == p.placements, n
+    sd = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    other = _shard(make_net(seed=4), mesh, shard_placement_fn=by_columns)
+    other.load_state_dict(sd)
+    for k, v in other.state_dict().items():
+        assert torch.equal(v.full_tensor(), sd[k]), k
+    with pytest.raises(TypeError, match="Shard"):
+        fully_shard(make_net(), mesh=mesh, shard_placement_fn=lambda p: "rows")
+    with pytest.raises(ValueError, match="Shard"):
+        fully_shard(make_net(), mesh=mesh, shard_placement_fn=lambda p: Shard(p.dim()))
 
     # ---- share_comm_ctx, the CUDA-only knobs and the refused forms
     share_comm_ctx(_units(model))

@@ -346,6 +346,11 @@ class MindSporePlatform(Platform):
     def transpose(self, t: Tensor, dim0: int, dim1: int) -> Tensor:
         return mint.transpose(t, dim0, dim1)
 
+    def movedim(self, t: Tensor, source: int, destination: int) -> Tensor:
+        perm = [d for d in range(t.ndim) if d != source]
+        perm.insert(destination, source)
+        return mint.permute(t, tuple(perm))
+
     def matmul(self, a: Tensor, b: Tensor) -> Tensor:
         return mint.matmul(a, b)
 

@@ -331,6 +331,10 @@ class TorchPlatform(Platform):
     def transpose(self, t: torch.Tensor, dim0: int, dim1: int) -> torch.Tensor:
         return t.transpose(dim0, dim1)
 
+    def movedim(self, t: torch.Tensor, source: int, destination: int) -> torch.Tensor:
+        with DisableTorchFunctionSubclass():
+            return t.movedim(source, destination)
+
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a @ b
 
