@@ -108,6 +108,7 @@ def check(
         rows.append(f"  rank {r}{tag}: {t}")
     from .recorder import format_records, recent
 
+    hints = "".join(sorted({f"\n{f.hint}" for f in frames if f.hint}))
     raise DivergenceError(
         f"ranks {list(ranks)} were about to run different collectives (hyper_shard consistency "
         f"mode); every rank of the group raised this before the collective ran, so the group "
@@ -115,8 +116,9 @@ def check(
         + "\n".join(rows)
         + "\nMake every rank run the same DTensor ops on DTensors of the same global shapes "
         "and placements: look for a branch on the rank, or DTensor.from_local with local "
-        "shards that do not form one tensor (pass run_check=True or the right shape=).\n"
-        "last collectives on this rank (oldest first, hyper_shard.debug.recent_ops()):\n"
+        "shards that do not form one tensor (pass run_check=True or the right shape=)."
+        + hints
+        + "\nlast collectives on this rank (oldest first, hyper_shard.debug.recent_ops()):\n"
         + (format_records(recent(8)) or "    (none)"),
         collective=collective,
         ranks=ranks,

@@ -27,6 +27,7 @@ __all__ = [
     "RedistributeFrame",
     "StepFrame",
     "BackwardFrame",
+    "UnitFrame",
     "stack",
     "fmt_spec",
     "forward_context",
@@ -71,6 +72,8 @@ class Frame:
     __slots__ = ()
     #: the label of the frame's line in a :class:`~hyper_shard.errors.CollectiveError`
     label = "in"
+    #: what a DivergenceError adds when this kind of frame is open (the usual fix)
+    hint = ""
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -155,6 +158,33 @@ class BackwardFrame(Frame):
     def describe(self) -> str:
         inner = " / ".join(f.describe() for f in self.frames if not isinstance(f, StepFrame))
         return inner or "a redistribution"
+
+
+class UnitFrame(Frame):
+    """An FSDP unit's collective: ``what`` (all-gather / reduce-scatter / all-reduce) of
+    the parameters ``fqns`` of the unit at ``unit`` (its module path; ``""``: the root)."""
+
+    __slots__ = ("unit", "what", "fqns")
+    label = "fsdp"
+    hint = (
+        "For fully_shard units: every rank must run forward through the same units and get "
+        "gradients for the same parameters of each; with rank-dependent control flow "
+        "(mixture of experts, modality branches) call "
+        "model.set_reduce_scatter_unused_params(True) on the root, and run every unit on "
+        "every rank."
+    )
+
+    def __init__(self, unit: str, what: str, fqns: Sequence[str]) -> None:
+        self.unit = unit
+        self.what = what
+        self.fqns = tuple(fqns)
+
+    def describe(self) -> str:
+        names = ", ".join(self.fqns[:8]) + (", ..." if len(self.fqns) > 8 else "")
+        return (
+            f"{self.what} of fully_shard unit {self.unit or 'root'!r} "
+            f"({len(self.fqns)} parameters: {names})"
+        )
 
 
 def forward_context() -> tuple[Frame, ...]:

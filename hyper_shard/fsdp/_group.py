@@ -24,9 +24,12 @@ pre-backward unshards).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from enum import Enum, auto
 from typing import Any
 
+from ..flight.context import UnitFrame, stack
 from ._collectives import (
     Pending,
     all_gather_unit,
@@ -198,9 +201,10 @@ class FSDPParamGroup:
             if self.offload:
                 locals_ = [self.fw.to_device(t, self._device_like()) for t in locals_]
                 like = locals_[0]
-            res = all_gather_unit(
-                plat, group, info.shard_coord, b.layout, locals_, b.dtype, like, async_op
-            )
+            with self._frame("all-gather", [self.params[i] for i in b.indices]):
+                res = all_gather_unit(
+                    plat, group, info.shard_coord, b.layout, locals_, b.dtype, like, async_op
+                )
             if b.layout.n > 1:
                 self.comm.count("all_gather")
             pend.append((b, res))
@@ -385,9 +389,17 @@ class FSDPParamGroup:
         rd = params[0].reduce_dtype or self.plat.tensor_meta(grads[0]).dtype
         info = self.info
         group = info.shard_group() if info.shard_size > 1 else None
-        pend = reduce_scatter_unit(
-            self.plat, group, layout, grads, rd, grads[0], self._reduce_op(), self.async_prefetch
-        )
+        with self._frame("gradient reduce-scatter", params):
+            pend = reduce_scatter_unit(
+                self.plat,
+                group,
+                layout,
+                grads,
+                rd,
+                grads[0],
+                self._reduce_op(),
+                self.async_prefetch,
+            )
         if layout.n > 1:
             comm.count("reduce_scatter")
         self._pending_reduce = (params, layout, pend, rd)
@@ -414,7 +426,8 @@ class FSDPParamGroup:
             if not self.all_reduce_grads:
                 self._partial_reduce[key] = flat
                 return
-            all_reduce_unit(plat, info.replicate_group(), flat, self._reduce_op()).wait()
+            with self._frame("gradient all-reduce", params):
+                all_reduce_unit(plat, info.replicate_group(), flat, self._reduce_op()).wait()
             self.comm.count("all_reduce")
         if self.all_reduce_hook is not None:
             self.all_reduce_hook(flat)
@@ -437,6 +450,19 @@ class FSDPParamGroup:
                 if self.offload:
                     g = fw.to_host(g, p.pin)
                 self._store_grad(p, g)
+
+    @contextmanager
+    def _frame(self, what: str, params: Sequence[FSDPParam]) -> Iterator[None]:
+        """Name the unit and its parameters to a collective's error, ``recent_ops()`` and
+        the consistency mode's fingerprint (ranks reducing different parameters of a unit,
+        or different units, then raise a DivergenceError naming both instead of mixing
+        gradients of equal-sized buffers)."""
+        frames = stack()
+        frames.append(UnitFrame(self.fqn, what, [p.fqn for p in params]))
+        try:
+            yield
+        finally:
+            frames.pop()
 
     def _reduce_op(self) -> str:
         """``"avg"`` (the mean over the data-parallel ranks, FSDP2's default), or ``"sum"``

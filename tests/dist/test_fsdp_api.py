@@ -139,10 +139,21 @@ def check_fsdp_api(rank, world):
         sum(q.grad if q.grad is not None else torch.zeros_like(q) for q in qs) / world
         for qs in zip(*(p.parameters() for p in plain))
     ]
+    from hyper_shard.debug import check_consistency
+    from hyper_shard.errors import DivergenceError
+
     model = make_net()
     if rank == 1:
         _skip_mlp(model, 1)
     _shard(model, mesh)
+    # without the setting the ranks' reduce-scatters differ: the consistency mode names
+    # the unit, its parameters on each rank and the fix, on every rank, before it runs
+    with check_consistency(), pytest.raises(DivergenceError) as err:
+        loss_of(model(ids.chunk(world)[rank]), y.chunk(world)[rank]).backward()
+    msg = str(err.value)
+    assert "'blocks.1'" in msg and "set_reduce_scatter_unused_params(True)" in msg, msg
+    assert "6 parameters: norm.weight, norm.bias, up.weight" in msg, msg  # rank 0
+    model.reset_iter_state()
     model.set_reduce_scatter_unused_params(True)
     loss_of(model(ids.chunk(world)[rank]), y.chunk(world)[rank]).backward()
     for (n, p), w in zip(model.named_parameters(), want):
