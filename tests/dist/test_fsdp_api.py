@@ -64,7 +64,14 @@ class _Branchy(TinyNet):
         return self.head(self.norm(self.emb(ids)))[:, -1]
 
 
-def check_fsdp_api(rank, world):
+def _steps(model, opt, data, rank, world):  # noqa: ANN001, ANN202
+    for ids, y in data:
+        loss_of(model(ids.chunk(world)[rank]), y.chunk(world)[rank]).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def check_fsdp_api(rank, world, ckpt):
     from hyper_shard import DTensor, init_device_mesh
     from hyper_shard.fsdp import (
         DataParallelMeshDims,
@@ -241,6 +248,31 @@ def check_fsdp_api(rank, world):
     other.load_state_dict(sd)
     for k, v in other.state_dict().items():
         assert torch.equal(v.full_tensor(), sd[k]), k
+    # a dim-1 checkpoint (model and AdamW state) resumes on dim-0 FSDP, as one process would
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    import hyper_shard.checkpoint as hc
+
+    plain = make_net()
+    popt = torch.optim.AdamW(plain.parameters(), lr=0.05, weight_decay=0.01)
+    _steps(plain, popt, data, 0, 1)
+    model = _shard(make_net(), mesh, shard_placement_fn=by_columns)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01)
+    _steps(model, opt, data[:2], rank, world)
+    msd, osd = get_state_dict(model, opt)
+    hc.save({"model": msd, "optim": osd}, ckpt)
+    model = _shard(make_net(seed=9), mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01)
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd}
+    hc.load(state, ckpt)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    _steps(model, opt, data[2:], rank, world)
+    for (n, p), q in zip(model.named_parameters(), plain.parameters()):
+        assert p.placements == (Shard(0),), n
+        torch.testing.assert_close(
+            p.full_tensor(), q, rtol=1e-5, atol=1e-6, msg=lambda m, n=n: n + m
+        )
     with pytest.raises(TypeError, match="Shard"):
         fully_shard(make_net(), mesh=mesh, shard_placement_fn=lambda p: "rows")
     with pytest.raises(ValueError, match="Shard"):
@@ -261,5 +293,5 @@ def check_fsdp_api(rank, world):
     return True
 
 
-def test_fsdp2_module_api(dist2):
-    assert dist2.run(check_fsdp_api) == [True, True]
+def test_fsdp2_module_api(dist2, tmp_path):
+    assert dist2.run(check_fsdp_api, str(tmp_path / "ckpt")) == [True, True]
