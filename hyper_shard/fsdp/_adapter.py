@@ -25,10 +25,12 @@ class FSDPFramework:
     #: core's FSDPParamGroup/FSDPState run it through the hooks below (torch)
     own_units: bool = False
 
-    def shard_unit(self, module: Any, info: Any, params: list, mp: Any = None) -> Any:
+    def shard_unit(
+        self, module: Any, info: Any, params: list, mp: Any = None, dims: Any = None
+    ) -> Any:
         """Shard ``params`` (``((fqn, parameter), sites)``, chosen by the core) of ``module``
-        and hook its forward, with the mixed-precision policy ``mp`` (only when
-        :attr:`own_units`)."""
+        along ``dims`` (one tensor dim per parameter; None: all 0) and hook its forward,
+        with the mixed-precision policy ``mp`` (only when :attr:`own_units`)."""
         raise NotImplementedError
 
     def owns(self, module: Any) -> bool:

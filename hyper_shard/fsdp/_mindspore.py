@@ -78,9 +78,11 @@ class MindSporeFSDP(FSDPFramework):
 
         return MindSporePlatform().no_grad()  # type: ignore[no-any-return]
 
-    def shard_unit(self, module: Any, info: MeshInfo, params: list, mp: Any = None) -> MSUnit:
-        """Shard ``params`` (``((fqn, Parameter), sites)`` from the core) of ``module`` and
-        hook its forward.
+    def shard_unit(
+        self, module: Any, info: MeshInfo, params: list, mp: Any = None, dims: Any = None
+    ) -> MSUnit:
+        """Shard ``params`` (``((fqn, Parameter), sites)`` from the core) of ``module`` (a
+        Cell, or a tuple of Cells making one unit) and hook its forward.
 
         Raises:
             ValueError: a 0-d parameter; parameters of several dtypes in one unit (one flat
@@ -90,6 +92,8 @@ class MindSporeFSDP(FSDPFramework):
         from ._policy import MixedPrecisionPolicy
 
         mp = mp if mp is not None else MixedPrecisionPolicy()
+        modules = tuple(module) if isinstance(module, (list, tuple)) else (module,)
+        module = modules[0]
         plat = info.mesh.platform
         sharded: list[MSParam] = []
         dtypes: dict[Any, str] = {}
@@ -107,23 +111,42 @@ class MindSporeFSDP(FSDPFramework):
                     f"all-gather buffer has one dtype: cast the Cell first (e.g. "
                     f"cell.to_float) or fully_shard the submodules separately"
                 )
-        shards = [_shard(plat, info, p) for (_, p), _ in params]  # may raise: nothing swapped
-        for ((fqn, p), sites), (local, spec, tp_dims) in zip(params, shards):
+        dims = list(dims) if dims is not None else [0] * len(params)
+        for ((fqn, p), _), d in zip(params, dims):
+            nd = len(_local_shape(p))
+            if not -nd <= d < nd:
+                raise ValueError(
+                    f"fully_shard: shard_placement_fn gave Shard({d}) for parameter {fqn!r} of "
+                    f"{nd} dims; return Shard(d) with 0 <= d < {nd}"
+                )
+        dims = [d % len(_local_shape(p)) for ((_, p), _), d in zip(params, dims)]
+        # may raise: nothing swapped yet
+        shards = [_shard(plat, info, p, d) for ((_, p), _), d in zip(params, dims)]
+        for ((fqn, p), sites), (local, spec, tp_dims), d in zip(params, shards, dims):
             sp = Parameter(plat.wrap(local, spec), name=p.name, requires_grad=bool(p.requires_grad))
             sp.__dict__[GRAD_SPEC] = spec.with_placements(grad_placements(spec, tp_dims))
             for m, name in sites:
                 m._params[name] = sp
             sp.__dict__["_hs_fsdp_param"] = _Owner(module)
-            p.__dict__["_hs_fsdp_claimed"] = f"{type(module).__name__}.{fqn}"
+            p.__dict__["_hs_fsdp_claimed"] = f"{type(sites[0][0]).__name__}.{fqn}"
             ospec = p._spec if isinstance(p, DTensor) else None
             lshape = tuple(_local_shape(p))
-            sharded.append(MSParam(sp, sites, lshape, ospec))
+            sharded.append(MSParam(sp, sites, lshape, ospec, d))
         unit = MSUnit(module, info, sharded, mp)
         _register_state_dict_hooks(sharded, unit)
         if sharded or mp.param_dtype is not None or mp.output_dtype is not None:
-            module.register_forward_pre_hook(unit.pre_forward, with_kwargs=True)
-            module.register_forward_hook(unit.post_forward)
-        module.__dict__["_hs_fsdp_unit"] = unit
+            from .api import group_hooks
+
+            pre, post = (
+                (unit.pre_forward, unit.post_forward)
+                if len(modules) == 1
+                else group_hooks(modules, unit.pre_forward, unit.post_forward)
+            )
+            for m in modules:
+                m.register_forward_pre_hook(pre, with_kwargs=True)
+                m.register_forward_hook(post)
+        for m in modules:
+            m.__dict__["_hs_fsdp_unit"] = unit
         return unit
 
 
@@ -182,19 +205,20 @@ class _Owner:
         self.unit_module = module
 
 
-def _shard(plat: Any, info: MeshInfo, p: Any) -> tuple[Tensor, Any, tuple[int, ...]]:
-    """This rank's dim-0 chunk (``torch.chunk`` sizes over the shard mesh dim) of ``p``'s
-    local data as an owned tensor, the sharded spec and its tensor-parallel mesh dims."""
+def _shard(plat: Any, info: MeshInfo, p: Any, dim: int = 0) -> tuple[Tensor, Any, tuple[int, ...]]:
+    """This rank's chunk along ``dim`` (``torch.chunk`` sizes over the shard mesh dim) of
+    ``p``'s local data as an owned tensor, the sharded spec and its tensor-parallel mesh
+    dims."""
     ospec = p._spec if isinstance(p, DTensor) else None
     with NoFallbackGuard():
         local = Tensor._make_subclass(Tensor, p)
         shape = tuple(_local_shape(local))
-        rows = chunk_sizes(shape[0], info.shard_size)
+        rows = chunk_sizes(shape[dim], info.shard_size)
         c = info.shard_coord
-        chunk = mint.narrow(local, 0, sum(rows[:c]), rows[c]).contiguous()
+        chunk = mint.narrow(local, dim, sum(rows[:c]), rows[c]).contiguous()
         chunk = ops.deepcopy(chunk)
     meta = plat.tensor_meta(local, shape if ospec is None else ospec.shape)
-    spec, _, tp_dims = sharded_spec(info, ospec, meta)
+    spec, _, tp_dims = sharded_spec(info, ospec, meta, dim)
     assert spec.local_shape_and_offset()[0] == tuple(_local_shape(chunk)), (spec, rows)
     return chunk, spec, tp_dims
 

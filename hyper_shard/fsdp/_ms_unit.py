@@ -46,17 +46,27 @@ class MSParam:
         sites: ``[(cell, attribute name), ...]`` holding it (a tied weight: several).
         local_shape: the unsharded local shape (a tensor-parallel parameter's local shape).
         orig_spec: the original tensor-parallel spec, or None for a plain parameter.
+        dim: the tensor dim FSDP shards (``shard_placement_fn``; 0 by default).
+        flat_shape: ``local_shape`` with ``dim`` first, as the flat buffers hold it.
     """
 
-    __slots__ = ("param", "sites", "local_shape", "orig_spec")
+    __slots__ = ("param", "sites", "local_shape", "orig_spec", "dim", "flat_shape")
 
     def __init__(
-        self, param: Any, sites: list, local_shape: tuple[int, ...], orig_spec: Any
+        self,
+        param: Any,
+        sites: list,
+        local_shape: tuple[int, ...],
+        orig_spec: Any,
+        dim: int = 0,
     ) -> None:
         self.param = param
         self.sites = sites
         self.local_shape = local_shape
         self.orig_spec = orig_spec
+        self.dim = dim
+        s = local_shape
+        self.flat_shape = (s[dim], *s[:dim], *s[dim + 1 :])
 
 
 class MSUnit:
@@ -80,7 +90,7 @@ class MSUnit:
         self.plat = info.mesh.platform
         self.params = params
         self.mp = mp
-        self.layout = FlatLayout([p.local_shape for p in params], info.shard_size)
+        self.layout = FlatLayout([p.flat_shape for p in params], info.shard_size)
         dtype = params[0].param.dtype if params else None
         floating = params and _is_float(params[0].param)
         self.dtype = dtype
@@ -107,7 +117,8 @@ class MSUnit:
         pieces = []
         with NoFallbackGuard():
             for p, slot in zip(self.params, self.layout.slots):
-                flat = mint.reshape(p.param, (-1,))
+                t = p.param if p.dim == 0 else _movedim(p.param, p.dim, 0)
+                flat = mint.reshape(t, (-1,))
                 pad = slot.slot_numel - slot.shard_numel(c)
                 if pad:
                     flat = mint.cat([flat, mint.zeros((pad,), dtype=flat.dtype)], 0)
@@ -177,14 +188,14 @@ class MSUnit:
         self.gathers += 1
         out = []
         with NoFallbackGuard():
-            for slot in layout.slots:
+            for p, slot in zip(self.params, layout.slots):
                 rows = [
                     mint.narrow(flat, 0, k * S + slot.offset, slot.shard_numel(k))
                     for k in range(n)
                     if slot.rows[k]
                 ]
-                full = rows[0] if len(rows) == 1 else mint.cat(rows, 0)
-                out.append(mint.reshape(full, slot.shape))
+                full = mint.reshape(rows[0] if len(rows) == 1 else mint.cat(rows, 0), slot.shape)
+                out.append(full if p.dim == 0 else _movedim(full, 0, p.dim))
         for i, p in enumerate(self.params):
             o = p.orig_spec
             if o is not None:
@@ -236,6 +247,13 @@ class MSUnit:
         for m, name in self._set:
             m.__dict__.pop(name, None)
         self._set.clear()
+
+
+def _movedim(t: Any, source: int, destination: int) -> Any:
+    """``t`` with dim ``source`` moved to ``destination`` (differentiable; as torch.movedim)."""
+    perm = [d for d in range(len(_local_shape(t))) if d != source]
+    perm.insert(destination, source)
+    return mint.permute(t, tuple(perm))
 
 
 def _is_float(t: Any) -> bool:

@@ -100,7 +100,7 @@ def fully_shard(
         module: a ``torch.nn.Module`` or a ``mindspore.nn.Cell`` (see docs/fsdp.md
             "MindSpore" for what a Cell supports); its class becomes ``FSDP<Class>``, a subclass of
             :class:`FSDPModule` (``reshard``, ``unshard``, ``set_requires_gradient_sync``...).
-            A list of torch modules makes one unit of them all (as FSDP2: gathered when
+            A list of modules (or Cells) makes one unit of them all (as FSDP2: gathered when
             the first of them starts forward, resharded after the last one ends; e.g.
             ``[model.norm, model.output]``); every module of it shares the unit.
         mesh: the data-parallel mesh (1-D FSDP or 2-D HSDP); default: all ranks, 1-D.
@@ -110,7 +110,7 @@ def fully_shard(
         shard_placement_fn: ``fn(param) -> Shard(d) | None`` (as FSDP2): shard that
             parameter along tensor dim ``d`` instead of 0 (``torch.chunk`` along ``d``; the
             flat buffers hold it with ``d`` first, the unsharded parameter is a view of
-            the gathered buffer). torch modules only.
+            the gathered buffer). torch modules and MindSpore Cells.
         mp_policy: mixed precision (:class:`MixedPrecisionPolicy`).
         offload_policy: :class:`CPUOffloadPolicy` keeps shards, gradients and optimizer
             state in host memory; None or :class:`OffloadPolicy`: no offloading.
@@ -126,9 +126,8 @@ def fully_shard(
             contain this rank or is not 1-D/2-D; a parameter that another unit already
             manages (fully_shard bottom-up: submodules first) or shares with another unit;
             a 0-d parameter; an int ``reshard_after_forward`` of the wrong kind.
-        NotImplementedError: a list of MindSpore Cells or a ``shard_placement_fn`` on
-            them, an int ``reshard_after_forward`` (resharding to a smaller mesh), or
-            ``dp_mesh_dims``.
+        NotImplementedError: an int ``reshard_after_forward`` (resharding to a smaller
+            mesh), or ``dp_mesh_dims``.
         TypeError: ``module`` is neither a ``torch.nn.Module`` nor a ``mindspore.nn.Cell``
             (or a list mixes frameworks).
     """
@@ -149,22 +148,12 @@ def fully_shard(
             )
     if len(set(map(id, modules))) != len(modules):
         raise ValueError("fully_shard([...]): a module is listed twice")
-    if len(modules) > 1 and fw.own_units:
-        raise NotImplementedError(
-            f"fully_shard([...]) on {fw.name} Cells: a unit of several Cells is not "
-            f"supported there; fully_shard a Cell that contains them"
-        )
     if dp_mesh_dims is not None:
         raise NotImplementedError(
             f"fully_shard(dp_mesh_dims={dp_mesh_dims}): the full-SPMD-mesh form is not "
             f"supported; pass the data-parallel sub-mesh as mesh (e.g. mesh=spmd_mesh['dp'], "
             f"or spmd_mesh[('dp_replicate', 'dp_shard')] for HSDP) and keep tensor-parallel "
             f"parameters on spmd_mesh['tp'] (they compose into 2-D DTensors)"
-        )
-    if shard_placement_fn is not None and fw.own_units:
-        raise NotImplementedError(
-            f"fully_shard(shard_placement_fn=...) on {fw.name} Cells: only dim-0 sharding "
-            f"is supported there; leave shard_placement_fn=None"
         )
     if isinstance(reshard_after_forward, int) and not isinstance(reshard_after_forward, bool):
         raise NotImplementedError(
@@ -188,6 +177,13 @@ def fully_shard(
     if mesh is None:
         mesh = _default_mesh(modules[0], fw)
     info = MeshInfo(mesh)
+    ignored = set(map(id, ignored_params or ()))
+    params, seen = [], set()
+    for m in modules:  # a unit of several modules: their parameters, each once
+        for entry in _managed_params(m, fw, ignored):
+            if id(entry[0][1]) not in seen:
+                seen.add(id(entry[0][1]))
+                params.append(entry)
     if fw.own_units:  # MindSpore: functional autograd, a unit is a differentiable gather
         device = getattr(mesh.platform, "device", "CPU")
         if isinstance(offload_policy, CPUOffloadPolicy) and device != "CPU":
@@ -197,21 +193,15 @@ def fully_shard(
                 f"torch-only for now (the unit would need host/device copies around its "
                 f"all-gather and reduction); keep offload_policy=None"
             )
-        ignored = set(map(id, ignored_params or ()))
-        unit = fw.shard_unit(module, info, _managed_params(module, fw, ignored), mp_policy)
-        module.__dict__[_FORWARD_HOOKS] = (unit.pre_forward, unit.post_forward)
-        module.__class__ = fw.fsdp_class(type(module))
+        dims = [_shard_dim(shard_placement_fn, p, fqn) for (fqn, p), _ in params]
+        unit = fw.shard_unit(modules, info, params, mp_policy, dims)
+        for m in modules:
+            m.__dict__[_FORWARD_HOOKS] = (unit.pre_forward, unit.post_forward)
+            m.__class__ = fw.fsdp_class(type(m))
         return module
     plat = mesh.platform
     offload = isinstance(offload_policy, CPUOffloadPolicy)
     pin = bool(getattr(offload_policy, "pin_memory", False))
-    ignored = set(map(id, ignored_params or ()))
-    params, seen = [], set()
-    for m in modules:  # a unit of several modules: their parameters, each once
-        for entry in _managed_params(m, fw, ignored):
-            if id(entry[0][1]) not in seen:
-                seen.add(id(entry[0][1]))
-                params.append(entry)
     fparams = []
     for (fqn, p), sites in params:
         dim = _shard_dim(shard_placement_fn, p, fqn)
@@ -227,7 +217,9 @@ def fully_shard(
         group.async_prefetch = plat.name == "torch"
     state = FSDPState(modules, group, fw, mp_policy, reshard_after_forward is None)
     pre, post = (
-        (state.pre_forward, state.post_forward) if len(modules) == 1 else _group_hooks(state)
+        (state.pre_forward, state.post_forward)
+        if len(modules) == 1
+        else group_hooks(modules, state.pre_forward, state.post_forward)
     )
     for m in modules:
         fw.register_forward_hooks(m, pre, post)
@@ -266,25 +258,28 @@ def _shard_dim(fn: Callable[[Any], Any] | None, param: Any, fqn: str) -> int:
     )
 
 
-def _group_hooks(state: FSDPState) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """Forward hooks of a unit of several modules (as FSDP2's grouped ``fully_shard``):
-    the unit's pre-forward runs when the first of its modules starts (a module that
-    already ran this cycle starts a new one), its post-forward when the last one ends."""
-    ids = frozenset(id(m) for m in state.modules)
+def group_hooks(
+    modules: tuple[Any, ...], pre_forward: Callable[..., Any], post_forward: Callable[..., Any]
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """Forward hooks of a unit of several modules (as FSDP2's grouped ``fully_shard``; both
+    frameworks): the unit's ``pre_forward`` runs when the first of its modules starts (a
+    module that already ran this cycle starts a new one), its ``post_forward`` when the
+    last one ends."""
+    ids = frozenset(id(m) for m in modules)
     pending: set[int] = set()
 
     def pre(m: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if id(m) not in pending:
             pending.clear()
             pending.update(ids)
-            return state.pre_forward(m, args, kwargs)
+            return pre_forward(m, args, kwargs)  # type: ignore[no-any-return]
         return args, kwargs
 
     def post(m: Any, args: Any, output: Any) -> Any:
         pending.discard(id(m))
         if pending:
             return output
-        return state.post_forward(m, args, output)
+        return post_forward(m, args, output)
 
     return pre, post
 

@@ -343,6 +343,33 @@ def check_fsdp2_knobs(rank: int, world: int) -> dict:
             float(np.abs(g.full_tensor().asnumpy() - scale * r.asnumpy()).max())
             for g, r in zip(grads, ref_g)
         )
+    # shard_placement_fn: the weights sharded along dim 1 (head: 7 columns, 4/3)
+    net = _model(1)
+    by_columns = lambda q: hs.Shard(1) if q.ndim == 2 else None  # noqa: E731
+    for cell in (net.b1, net.b2, net):
+        fully_shard(cell, mesh=mesh, shard_placement_fn=by_columns)
+    out["placements"] = [str(p.placements) for p in net.trainable_params()]
+    out["head_local"] = tuple(net.head.weight.to_local().shape)
+    vg = value_and_grad(lambda a, b: ((net(a) - b) ** 2).mean(), None, net.trainable_params())
+    _, grads = vg(Tensor(x[sl]), Tensor(t[sl]))
+    out["dim1"] = max(
+        float(np.abs(g.full_tensor().asnumpy() - r.asnumpy()).max()) for g, r in zip(grads, ref_g)
+    )
+    out["dim1_grad_placements"] = [str(g.placements) for g in grads]
+    # one unit of two Cells (b2 and head): one all-gather per forward for both
+    net = _model(1)
+    fully_shard(net.b1, mesh=mesh)
+    group = [net.b2, net.head]
+    assert fully_shard(group, mesh=mesh) is group
+    fully_shard(net, mesh=mesh)
+    unit = net.b2._hs_fsdp_unit
+    out["group_shared"] = unit is net.head._hs_fsdp_unit and len(unit.params) == 4
+    vg = value_and_grad(lambda a, b: ((net(a) - b) ** 2).mean(), None, net.trainable_params())
+    _, grads = vg(Tensor(x[sl]), Tensor(t[sl]))
+    out["group"] = max(
+        float(np.abs(g.full_tensor().asnumpy() - r.asnumpy()).max()) for g, r in zip(grads, ref_g)
+    )
+    out["group_gathers"] = unit.gathers
     # another entry point of the root Cell runs with its gathered parameters
     net = _model(1)
     fully_shard(net, mesh=mesh)
@@ -356,8 +383,16 @@ def check_fsdp2_knobs(rank: int, world: int) -> dict:
 def test_fully_shard_cell_fsdp2_knobs(ms2):
     """set_gradient_divide_factor(1.0) gives the sum of the ranks' gradients (world x one
     process's mean-loss gradient); set_force_sum_reduction_for_comms gives the mean as by
-    default; register_fsdp_forward_method runs a method with the unit's hooks."""
-    for o in ms2.run(check_fsdp2_knobs):
+    default; register_fsdp_forward_method runs a method with the unit's hooks;
+    shard_placement_fn shards the weights along dim 1 with the same gradients; a list of
+    Cells makes one unit (one all-gather per forward)."""
+    outs = ms2.run(check_fsdp2_knobs)
+    for o in outs:
         assert o["divide_1"] < 1e-5, o
         assert o["force_sum"] < 1e-5, o
         assert o["forward_method"] < 1e-5, o
+        assert o["dim1"] < 1e-5, o
+        assert o["group"] < 1e-5 and o["group_shared"] and o["group_gathers"] == 1, o
+        assert o["placements"] == ["(Shard(dim=1),)", "(Shard(dim=0),)"] * 3, o["placements"]
+        assert o["dim1_grad_placements"] == o["placements"]
+    assert [o["head_local"] for o in outs] == [(5, 4), (5, 3)]
