@@ -213,14 +213,33 @@ def normalize_placements(
     out = []
     for p in placements:
         if not isinstance(p, Placement):
-            raise TypeError(
-                f"placements must be Shard/Replicate/Partial instances, got {p!r} "
-                f"(did you write Replicate instead of Replicate()?)"
-            )
+            q = from_foreign(p)
+            if q is None:
+                raise TypeError(
+                    f"placements must be Shard/Replicate/Partial instances, got {p!r} "
+                    f"(did you write Replicate instead of Replicate()?)"
+                )
+            p = q
         if type(p) is Shard:
             p = p.normalized(tensor_ndim)
         out.append(p)
     return tuple(out)
+
+
+def from_foreign(p: Any) -> Placement | None:
+    """PyTorch DTensor's own ``Shard(d)`` / ``Replicate()`` / ``Partial(op)`` (from
+    ``torch.distributed.tensor``) as hyper_shard's, so code that mixes the two imports (or
+    torch's own utilities handing their placements to a hyper_shard DTensor, e.g. DCP's
+    full state dict) works; None for anything else. Read by class name and attributes:
+    this layer imports no framework."""
+    name = type(p).__name__
+    if name == "Replicate":
+        return Replicate()
+    if name == "Shard" and isinstance(getattr(p, "dim", None), int):
+        return Shard(p.dim)
+    if name == "Partial" and isinstance(getattr(p, "reduce_op", None), str):
+        return Partial(p.reduce_op)
+    return None
 
 
 def grad_placement(p: Placement) -> Placement:

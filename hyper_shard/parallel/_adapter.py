@@ -60,6 +60,11 @@ class ModuleAdapter:
         """Make ``module.<name>`` the very parameter object ``param`` (weight tying)."""
         raise NotImplementedError
 
+    def accept_full_state(self, module: Any) -> None:
+        """Make the module's state-dict loading take a full plain tensor (every rank holds
+        the whole value) for a DTensor parameter or buffer: each rank keeps its shard of it,
+        with no communication. Default: nothing (the framework's own loading)."""
+
     def requires_grad(self, param: Any) -> bool:
         raise NotImplementedError
 

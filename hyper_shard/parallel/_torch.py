@@ -18,6 +18,38 @@ from ._adapter import InputHook, ModuleAdapter, OutputHook
 __all__ = ["TorchModuleAdapter"]
 
 
+_FULL_LOAD = "_hs_accepts_full_state"
+
+
+def _local_device(t: Any) -> Any:
+    """The device of a DTensor's local shard (read below torch-function handling)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.device.__get__(t)
+
+
+def _full_to_shards(module: Any, state_dict: dict, prefix: str, *_rest: Any) -> None:
+    from ..dtensor import DTensor, distribute_tensor
+
+    for name, cur in [*module._parameters.items(), *module._buffers.items()]:
+        key = prefix + name
+        value = state_dict.get(key)
+        if (
+            not isinstance(cur, DTensor)
+            or not isinstance(value, torch.Tensor)
+            or isinstance(value, DTensor)
+            or tuple(value.shape) != tuple(cur._spec.shape)
+        ):
+            continue  # anything else: torch's own loading (and its shape errors)
+        spec = cur._spec
+        state_dict[key] = distribute_tensor(
+            value.detach().to(_local_device(cur)),
+            spec.mesh,
+            spec.placements,
+            src_data_rank=None,
+            shard_order=spec.shard_order or None,
+        )
+
+
 class TorchModuleAdapter(ModuleAdapter):
     """:class:`~hyper_shard.parallel._adapter.ModuleAdapter` for ``torch.nn.Module``."""
 
@@ -50,9 +82,22 @@ class TorchModuleAdapter(ModuleAdapter):
 
     def set_param(self, module: Any, name: str, value: Any, requires_grad: bool) -> None:
         module.register_parameter(name, nn.Parameter(value, requires_grad=requires_grad))
+        self.accept_full_state(module)
 
     def set_buffer(self, module: Any, name: str, value: Any) -> None:
         module._buffers[name] = value
+        self.accept_full_state(module)
+
+    def accept_full_state(self, module: Any) -> None:
+        """``module.load_state_dict`` takes a plain tensor of a DTensor entry's global shape
+        as the full value and keeps this rank's shard of it (``distribute_tensor(...,
+        src_data_rank=None)``: no communication). PyTorch refuses the mix; this is what a
+        consolidated checkpoint (``torch.save`` of a full state dict, or
+        ``set_model_state_dict(..., StateDictOptions(full_state_dict=True))``) needs."""
+        if module.__dict__.get(_FULL_LOAD):
+            return
+        module.__dict__[_FULL_LOAD] = True
+        module.register_load_state_dict_pre_hook(_full_to_shards)
 
     def tie_param(self, module: Any, name: str, param: Any) -> None:
         module.register_parameter(name, param)

@@ -78,6 +78,7 @@ def distribute_module(
         if partition_fn is not None:
             partition_fn(name, sub, device_mesh)
         replicate_rest(sub)
+        ad.accept_full_state(sub)
 
     if input_fn is not None:
         n = _n_params(input_fn)

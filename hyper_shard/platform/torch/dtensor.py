@@ -729,3 +729,6 @@ for _aten, _m in (
 
 from . import dispatch as _dm  # noqa: E402  (dispatch imports this module's class)
 from . import inplace_views as _inplace_views  # noqa: E402,F401  (registers its handlers)
+from .state_dict_utils import install as _install_state_dict_utils  # noqa: E402
+
+_install_state_dict_utils()  # full/offloaded DCP state dicts gather hyper_shard DTensors too
