@@ -15,7 +15,12 @@ PR #177336 gives strategies to — ``Tensor.unfold``, ``torch.allclose``, ``torc
 ``torch.linspace``/``logspace`` with tensor ends, ``nn.functional.unfold``/``fold`` — and,
 found replaying them, ``torch.einsum`` with a repeated label (``"ii->i"``),
 ``Tensor.masked_scatter``, ``torch.linalg.multi_dot``, ``torch.vander``,
-``torch.combinations`` (:func:`check_fixed`; each failed before the fix).
+``torch.combinations`` (:func:`check_fixed`; each failed before the fix); and in
+:func:`check_mesh_of_4`, ``DeviceMesh.get_group()`` on a rank outside the mesh (PR #118614:
+an AttributeError, now ``None``) and a mesh dim by index (``mesh[-1]``, #143194's program).
+
+Also checked: #128365 (PrepareModuleInput keyword DTensor inputs), #127213 (TP on a mesh of
+size 1), #126530 (n-d mesh slicing).
 """
 
 from __future__ import annotations
@@ -26,7 +31,15 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from hyper_shard import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh
+from hyper_shard import (
+    DeviceMesh,
+    DTensor,
+    Partial,
+    Replicate,
+    Shard,
+    distribute_tensor,
+    init_device_mesh,
+)
 from tests._helpers import assert_close_any as _eq
 from tests._helpers import replicate as _rep
 
@@ -159,8 +172,23 @@ def check_values(rank, world):
     return 1
 
 
+class _KwOnly(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, *, x):
+        return self.lin(x)
+
+
 def check_gradients(rank, world):
-    from hyper_shard.parallel import SequenceParallel, loss_parallel, parallelize_module
+    from hyper_shard.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        SequenceParallel,
+        loss_parallel,
+        parallelize_module,
+    )
 
     mesh = init_device_mesh("cpu", (world,))
     g = torch.Generator().manual_seed(1)
@@ -251,6 +279,28 @@ def check_gradients(rank, world):
         (F.log_softmax(dl, -1) * distribute_tensor(wt, mesh, [Shard(1)])).sum().backward()
     (F.log_softmax(rl, -1) * wt).sum().backward()
     _eq(dl.grad, rl.grad, atol=1e-5, rtol=1e-4)
+    # #128365: PrepareModuleInput with keyword-only inputs that are already DTensors
+    kw, rkw = _KwOnly(), _KwOnly()
+    rkw.load_state_dict(kw.state_dict())
+    parallelize_module(
+        kw,
+        mesh,
+        PrepareModuleInput(
+            input_kwarg_layouts={"x": Shard(0)},
+            desired_input_kwarg_layouts={"x": Replicate()},
+            use_local_output=True,
+        ),
+    )
+    xk = torch.randn(4, 4, generator=g)
+    _eq(kw(x=distribute_tensor(xk, mesh, [Shard(0)])), rkw(x=xk).detach())
+    _eq(kw(x=xk.chunk(world)[rank]), rkw(x=xk).detach())
+    # #127213: tensor parallel on a mesh of size 1 (TP "disabled") is the plain module
+    one = DeviceMesh("cpu", [rank])
+    lin, rlin = nn.Linear(10, 10), nn.Linear(10, 10)
+    rlin.load_state_dict(lin.state_dict())
+    parallelize_module(lin, one, ColwiseParallel())
+    x1 = torch.randn(10, 10, generator=g)
+    _eq(lin(x1), rlin(x1).detach())
     # #172932: to_local() + from_local(Partial) gives the gradient of the direct path
     base = torch.tensor([1.0, 2.0, 3.0, 4.0])
     grads = []
@@ -396,6 +446,26 @@ def check_mesh_of_4(rank, world):
     dw = distribute_tensor(w, mesh2, [Shard(0), Replicate()])
     di = distribute_tensor(ids, mesh2, [Shard(0), Replicate()])
     _eq(F.embedding(di, dw), F.embedding(ids, w))
+    # fixed: PR #118614, get_group() on a rank outside a sub-mesh (DeviceMesh("cpu", [0, 2])
+    # on ranks 1 and 3) raised an AttributeError; it is None there, a working group inside
+    sm = DeviceMesh("cpu", [0, 2])
+    grp = sm.get_group()
+    if rank in (1, 3):
+        assert grp is None and sm.get_coordinate() is None
+    else:
+        ones = torch.ones(2)
+        dist.all_reduce(ones, group=grp)
+        _eq(ones, torch.full((2,), 2.0))
+    # #143194 / #126530: a sub-mesh of a sub-mesh and n-d slicing; fixed: a dim by index
+    # (mesh[-1]) raised "'int' object is not iterable"
+    root = init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=("a", "b", "c"))
+    sub = root["a", "c"]
+    assert tuple(sub.shape) == (2, 2)
+    a4 = torch.arange(8.0).reshape(4, 2)
+    _eq(distribute_tensor(a4, sub, [Shard(0), Shard(1)]), a4)
+    for last in (sub["c"], sub[-1], root[2]):
+        assert last.mesh_dim_names == ("c",) and last.size() == 2
+        _eq(distribute_tensor(torch.arange(4.0), last, [Shard(0)]), torch.arange(4.0))
     # PR #159189 with empty shards: topk with k above the local size, max.dim
     t5 = torch.randn(5, 6, generator=g)
     d5 = distribute_tensor(t5, mesh, [Shard(0)])
