@@ -387,3 +387,61 @@ def _plan_combinations(op: Any, call: OpCall, st: dict) -> OpPlan:
     count = math.comb(n + r - 1, r) if st.get("with_replacement") else math.comb(n, r)
     shape = (count, r) if r else (0,)
     return OpPlan([shape], keep_strategies([None], 1, partials_of([x])))
+
+
+@_KINDS.kind("diagflat", ("input", "offset"), ("offset",))
+def _plan_diagflat(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch.diagflat(input, offset): the flattened input on a diagonal of a square matrix;
+    # the input is gathered; every other element is 0, so Partial values pass through
+    x = _role(call, "input")
+    if x is None:
+        raise ShardingError(f"{call.describe()}: diagflat needs a DTensor input")
+    n = math.prod(x.shape) + abs(as_int(st.get("offset") or 0, "offset"))
+    return OpPlan([(n, n)], keep_strategies([None], 1, partials_of([x])))
+
+
+@_KINDS.kind("put", ("input", "index", "source", "accumulate"), ("accumulate",))
+def _plan_put(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # Tensor.put(index, source, accumulate): flat global indices into the input, so every
+    # argument is gathered
+    x = _role(call, "input")
+    if x is None:
+        raise ShardingError(f"{call.describe()}: put needs a DTensor input")
+    return _whole(call, x.shape)
+
+
+@_KINDS.kind("grid_sample", ("input", "grid", "mode", "padding_mode", "align_corners"), ())
+def _plan_grid_sample(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch.nn.functional.grid_sample(input (N, C, *in), grid (N, *out, k)): (N, C, *out);
+    # batch shards are kept on both, a channel shard of input with grid Replicate; linear in
+    # input for a fixed grid, so an input Partial passes through (grid Replicate)
+    x, grid = _role(call, "input"), _role(call, "grid")
+    if x is None or grid is None or x.ndim not in (4, 5) or grid.ndim != x.ndim:
+        raise ShardingError(
+            f"{call.describe()}: grid_sample needs 4-d or 5-d DTensor input and grid"
+        )
+    if grid.shape[0] != x.shape[0] or grid.shape[-1] != x.ndim - 2:
+        raise ValueError(
+            f"grid_sample(): expected grid of shape ({x.shape[0]}, ..., {x.ndim - 2}), got "
+            f"{tuple(grid.shape)}"
+        )
+    shape = (x.shape[0], x.shape[1], *grid.shape[1:-1])
+    maps = [{0: 0, 1: 1} if s is x else {0: 0} for s in call.specs]
+    flags = [s is x for s in call.specs]
+    return OpPlan([shape], keep_strategies(maps, 1, partials_of([x]), flags))
+
+
+@_KINDS.kind("affine_grid", ("theta", "size", "align_corners"), ("size",))
+def _plan_affine_grid(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch.nn.functional.affine_grid(theta (N, k, k + 1), size (N, C, *spatial)):
+    # (N, *spatial, k); theta is gathered (the local call reads the global N from size);
+    # linear in theta, so Partial passes through
+    theta = _role(call, "theta")
+    size = st.get("size")
+    if theta is None or not isinstance(size, (list, tuple)) or len(size) not in (4, 5):
+        raise ShardingError(
+            f"{call.describe()}: affine_grid needs a DTensor theta and a 4- or 5-long size"
+        )
+    size = [as_int(s, "size") for s in size]
+    shape = (size[0], *size[2:], len(size) - 2)
+    return OpPlan([shape], keep_strategies([None], 1, partials_of([theta])))

@@ -15,7 +15,8 @@ PR #177336 gives strategies to — ``Tensor.unfold``, ``torch.allclose``, ``torc
 ``torch.linspace``/``logspace`` with tensor ends, ``nn.functional.unfold``/``fold`` — and,
 found replaying them, ``torch.einsum`` with a repeated label (``"ii->i"``),
 ``Tensor.masked_scatter``, ``torch.linalg.multi_dot``, ``torch.vander``,
-``torch.combinations`` (:func:`check_fixed`; each failed before the fix); and in
+``torch.combinations``, and from #119930's list ``grid_sample``, ``affine_grid``,
+``diagflat``, ``Tensor.put`` (:func:`check_fixed`; each failed before the fix); and in
 :func:`check_mesh_of_4`, ``DeviceMesh.get_group()`` on a rank outside the mesh (PR #118614:
 an AttributeError, now ``None``) and a mesh dim by index (``mesh[-1]``, #143194's program).
 
@@ -409,6 +410,34 @@ def check_fixed(rank, world):
     _eq(torch.vander(dar), torch.vander(ar))
     _eq(torch.combinations(dar, 3, with_replacement=True), torch.combinations(ar, 3, True))
     _eq(torch.combinations(dar), torch.combinations(ar))
+    # #119930 (PyTorch's tracking issue of ops with no DTensor strategy): grid_sample,
+    # affine_grid, diagflat, Tensor.put were unregistered here
+    img = torch.randn(4, 4, 6, 6, generator=g)
+    grid = torch.rand(4, 3, 3, 2, generator=g) * 2 - 1
+    for pi, pg in ((Shard(0), Shard(0)), (Shard(1), Replicate())):
+        d, r = distribute_tensor(img, mesh, [pi]).requires_grad_(), img.clone().requires_grad_()
+        dg = distribute_tensor(grid, mesh, [pg])
+        o = F.grid_sample(d, dg, align_corners=True, padding_mode="border")
+        ro = F.grid_sample(r, grid, align_corners=True, padding_mode="border")
+        _eq(o, ro.detach(), atol=1e-5, rtol=1e-4)
+        assert o.placements == (pi,)
+        (o * o).sum().backward()
+        (ro * ro).sum().backward()
+        _eq(d.grad, r.grad, atol=1e-5, rtol=1e-4)
+    theta = torch.eye(2, 3).expand(4, 2, 3) + 0.1 * torch.randn(4, 2, 3, generator=g)
+    ptheta = DTensor.from_local(theta / world, mesh, [Partial()])
+    _eq(
+        F.affine_grid(ptheta, [4, 1, 3, 3], align_corners=False),
+        F.affine_grid(theta, [4, 1, 3, 3], align_corners=False),
+    )
+    _eq(torch.diagflat(distribute_tensor(t[:2], mesh, [Shard(1)]), -2), torch.diagflat(t[:2], -2))
+    at, val = torch.tensor([0, 29, 0]), torch.tensor([1.0, 2.0, 3.0])
+    _eq(
+        distribute_tensor(t, mesh, [Shard(0)]).put(
+            _rep(at, mesh), _rep(val, mesh), accumulate=True
+        ),
+        t.put(at, val, accumulate=True),
+    )
     return 1
 
 
