@@ -313,11 +313,16 @@ class DeviceMesh:
         ``ProcessGroup`` for ``torch.distributed.all_reduce(t, group=...)``; on MindSpore
         the group object whose ``name`` MindSpore's communication takes).
 
+        A rank outside the mesh (``DeviceMesh("cpu", [0, 2])`` on rank 1) gets ``None``, as
+        PyTorch since pytorch/pytorch#118614.
+
         Raises:
             RuntimeError: the mesh is abstract.
             ValueError: no ``mesh_dim`` on a mesh of more than one dim.
         """
         g = self._group(mesh_dim)
+        if self._coordinate is None and not self.is_abstract:
+            return None
         assert self._platform is not None
         return self._platform.native_group(g)
 
@@ -356,15 +361,20 @@ class DeviceMesh:
             raise IndexError(f"mesh dim {mesh_dim} out of range for a {self.ndim}-D mesh")
         return mesh_dim % self.ndim
 
-    def __getitem__(self, names: str | Iterable[str]) -> DeviceMesh:
-        """The sub-mesh over the named dimensions that contains this rank (as torch).
+    def __getitem__(self, names: str | int | Iterable[str | int]) -> DeviceMesh:
+        """The sub-mesh over the named dimensions that contains this rank (as torch); a dim
+        may also be given by its index (``mesh[-1]``, which PyTorch does not take).
 
         The sub-mesh reuses this mesh's process groups; no group is created.
         """
-        if isinstance(names, str):
+        if isinstance(names, (str, int)):
             names = (names,)
         names = tuple(names)
-        if len(names) == 1 and (self.mesh_dim_names is None or names[0] not in self.mesh_dim_names):
+        if (
+            len(names) == 1
+            and isinstance(names[0], str)
+            and (self.mesh_dim_names is None or names[0] not in self.mesh_dim_names)
+        ):
             flat = flattened(self, names[0])
             if flat is not None:
                 return flat

@@ -60,12 +60,13 @@ def _labels(part: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def parse_equation(eq: str) -> Equation:
-    """Parse ``"m k, k n -> m n"``.
+def parse_equation(eq: str, repeats: bool = False) -> Equation:
+    """Parse ``"m k, k n -> m n"``. ``repeats``: a label may repeat within one input operand
+    (``torch.einsum``'s diagonal, ``"i i -> i"``); never within the output.
 
     Raises:
-        ValueError: no ``->``, a label repeated in one operand, an output label that no input
-            has, or ``...`` used inconsistently.
+        ValueError: no ``->``, a label repeated in one operand (without ``repeats``, or in
+            the output), an output label that no input has, or ``...`` used inconsistently.
     """
     if "->" not in eq:
         raise ValueError(f"equation {eq!r} needs '->' (e.g. 'm k, k n -> m n')")
@@ -74,10 +75,11 @@ def parse_equation(eq: str) -> Equation:
     out = _labels(rhs)
     if not ins or any(len(x) == 0 for x in ins) and len(ins) > 1:
         raise ValueError(f"equation {eq!r} has an empty operand")
-    for labels in (*ins, out):
+    for labels in (*(() if repeats else ins), out):
         real = [x for x in labels if x != "..."]
         if len(set(real)) != len(real):
             raise ValueError(f"equation {eq!r}: a label repeats within {' '.join(labels)!r}")
+    for labels in (*ins, out):
         if labels.count("...") > 1:
             raise ValueError(f"equation {eq!r}: '...' appears twice in one operand")
     known = {x for labels in ins for x in labels}
@@ -188,7 +190,12 @@ class EinsumOp(DistributedOp):
         nin = len(call.specs)
         strategies: list[SingleDimStrategy] = []
         all_labels = list(dict.fromkeys(lab for labels in ins for lab in labels))
+        # a label repeated within one operand takes that operand's diagonal (torch.einsum's
+        # "i i -> i"): its dims stay whole everywhere, so the local call sees the diagonal
+        diagonal = {lab for labels in ins for lab in labels if labels.count(lab) > 1}
         for lab in all_labels:
+            if lab in diagonal:
+                continue
             placements: list[Placement] = [R] * nin
             for labels, i in zip(ins, factors):
                 if lab in labels:
@@ -263,9 +270,11 @@ def torch_einsum_equation(eq: Any) -> Equation:
     allowed; without ``->`` the output is the labels used once, in alphabetical order,
     after ``...``, as torch.einsum).
 
+    A label repeated within one operand takes its diagonal (``"ii->i"``, ``"bii->b"``), as
+    torch.einsum: the rule keeps that label's dims whole.
+
     Raises:
-        ValueError: not a string, or a label repeated within one operand (a diagonal, which
-            no sharding rule here describes).
+        ValueError: not a string, or a label repeated in the output.
     """
     if not isinstance(eq, str):
         raise ValueError(f"einsum: the equation must be a string, got {type(eq).__name__}")
@@ -284,7 +293,7 @@ def torch_einsum_equation(eq: Any) -> Equation:
         )
     lhs, _, rhs = s.partition("->")
     spaced = ",".join(" ".join(_labels(p)) for p in lhs.split(",")) + "->" + " ".join(_labels(rhs))
-    return parse_equation(spaced)
+    return parse_equation(spaced, repeats=True)
 
 
 @register_rule("einsum_call")
@@ -292,7 +301,7 @@ class EinsumCallOp(EinsumOp):
     """``torch.einsum(equation, *operands)`` (or ``einsum(equation, [operands])``): the
     einsum rule with the equation read from the call (a static argument, part of the cache
     key). Every operand must be a DTensor on one mesh; an equation that takes a diagonal
-    (``"ii->i"``) raises :class:`~hyper_shard.errors.ShardingError`."""
+    (``"ii->i"``) keeps the repeated label's dims whole (gathered)."""
 
     Params = _EinsumCallParams  # type: ignore[assignment]
     signature = ("equation", "*operands")  # type: ignore[assignment]

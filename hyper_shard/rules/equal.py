@@ -20,7 +20,7 @@ from ..placement import Partial, Placement
 from . import register_rule
 from ._util import R
 
-__all__ = ["EqualOp"]
+__all__ = ["AllcloseOp", "EqualOp"]
 
 
 class _Constant:
@@ -75,3 +75,21 @@ class EqualOp(DistributedOp):
         if mesh.get_coordinate() is not None and not mesh.is_abstract:
             layout.impl = _AllEqual(call.func, call.platform, mesh)
         return layout
+
+
+@register_rule("allclose")
+class AllcloseOp(EqualOp):
+    """``torch.allclose(input, other, rtol, atol, equal_nan)``: a python bool, as torch.
+
+    Same shapes: ``other`` moves to ``input``'s placements and the local answers are AND-ed
+    over the mesh, as :class:`EqualOp`. Different (broadcast) shapes: both are gathered and
+    every rank compares the whole tensors (the same answer everywhere).
+    """
+
+    signature = ("input", "other", "rtol", "atol", "equal_nan")  # type: ignore[assignment]
+
+    def infer_layout(self, call: OpCall) -> Layout:
+        if len(call.specs) == 2 and call.specs[0].shape != call.specs[1].shape:
+            whole = (R,) * call.mesh.ndim
+            return Layout([whole, whole], [None], [None])
+        return super().infer_layout(call)

@@ -225,3 +225,223 @@ def _plan_cov(op: Any, call: OpCall, st: dict) -> OpPlan:
         raise ValueError("cov(): expected input to have two or fewer dimensions")
     n = x.shape[0] if x.ndim == 2 else 1
     return _whole(call, (n, n) if n > 1 else ())
+
+
+def _pair(v: Any, n: int, name: str) -> tuple[int, ...]:
+    vals = list(v) if isinstance(v, (list, tuple)) else [v] * n
+    if len(vals) != n:
+        raise ValueError(f"{name} must be an int or a tuple of {n} ints, got {v!r}")
+    return tuple(as_int(x, name) for x in vals)
+
+
+def _batch_only(call: OpCall, x: Any, shape: tuple[int, ...], batched: bool) -> OpPlan:
+    # a (N, ...) input keeps its batch shard; every other dim is gathered; the ops are
+    # linear in their input (they copy or add elements), so Partial values pass through
+    maps = [{0: 0} if batched and s is x else None for s in call.specs]
+    return OpPlan([shape], keep_strategies(maps, 1, partials_of([x]), [s is x for s in call.specs]))
+
+
+@_KINDS.kind(
+    "im2col",
+    ("input", "kernel_size", "dilation", "padding", "stride"),
+    ("kernel_size", "dilation", "padding", "stride"),
+)
+def _plan_im2col(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch.nn.functional.unfold(input (N, C, *spatial) or (C, *spatial), kernel_size, ...):
+    # (N, C * prod(kernel), L), L the number of sliding blocks; the batch dim keeps its shard
+    x = _role(call, "input")
+    if x is None or x.ndim not in (3, 4):
+        raise ShardingError(
+            f"{call.describe()}: torch.nn.functional.unfold needs a 3-d or 4-d DTensor input"
+        )
+    batched = x.ndim == 4
+    sp = x.shape[-2:]
+    k = _pair(st.get("kernel_size"), 2, "kernel_size")
+    d = _pair(st.get("dilation", 1) if st.get("dilation") is not None else 1, 2, "dilation")
+    p = _pair(st.get("padding", 0) if st.get("padding") is not None else 0, 2, "padding")
+    s = _pair(st.get("stride", 1) if st.get("stride") is not None else 1, 2, "stride")
+    blocks = [(sp[i] + 2 * p[i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(2)]
+    if min(blocks) <= 0:
+        raise ValueError(
+            f"unfold: the spatial size {tuple(sp)} with kernel {k}, dilation {d}, padding {p} "
+            f"and stride {s} gives no sliding block"
+        )
+    c = x.shape[-3] * k[0] * k[1]
+    shape = ((x.shape[0],) if batched else ()) + (c, blocks[0] * blocks[1])
+    return _batch_only(call, x, shape, batched)
+
+
+@_KINDS.kind(
+    "col2im",
+    ("input", "output_size", "kernel_size", "dilation", "padding", "stride"),
+    ("output_size", "kernel_size", "dilation", "padding", "stride"),
+)
+def _plan_col2im(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch.nn.functional.fold(input (N, C * prod(kernel), L) or (C * prod(kernel), L),
+    # output_size, kernel_size, ...): (N, C, *output_size); the batch dim keeps its shard
+    x = _role(call, "input")
+    if x is None or x.ndim not in (2, 3):
+        raise ShardingError(
+            f"{call.describe()}: torch.nn.functional.fold needs a 2-d or 3-d DTensor input"
+        )
+    batched = x.ndim == 3
+    out = _pair(st.get("output_size"), 2, "output_size")
+    k = _pair(st.get("kernel_size"), 2, "kernel_size")
+    if x.shape[-2] % (k[0] * k[1]):
+        raise ValueError(
+            f"fold: expected size of input's dimension 1 ({x.shape[-2]}) to be divisible by "
+            f"the product of kernel_size ({k[0] * k[1]})"
+        )
+    c = x.shape[-2] // (k[0] * k[1])
+    shape = ((x.shape[0],) if batched else ()) + (c, *out)
+    return _batch_only(call, x, shape, batched)
+
+
+@_KINDS.kind("linspace", ("start", "end", "steps", "base"), ("steps",))
+def _plan_linspace(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch.linspace / logspace with 0-d DTensor start or end: a Replicate (steps,) tensor
+    # from the whole (Partial reduced) values
+    if st.get("steps") is None:
+        raise TypeError(f"{op.name} needs steps")
+    steps = as_int(st["steps"], "steps")
+    if steps < 0:
+        raise ValueError("number of steps must be non-negative")
+    if any(s.ndim != 0 for s in call.specs):
+        raise ValueError(f"{op.name}(): start and end must be 0-dimensional tensors")
+    return _whole(call, (steps,))
+
+
+@_KINDS.kind("histogram", ("input", "bins", "range", "weight", "density"), ("bins",))
+def _plan_histogram(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch.histogram(input, bins): (hist, bin_edges) counted over every element, so the
+    # inputs are gathered; int bins give (bins,) and (bins + 1,), a 1-d DTensor of edges
+    # (n,) gives (n - 1,) and (n,)
+    bins = st.get("bins")
+    edges = _role(call, "bins")
+    if edges is not None:
+        if edges.ndim != 1:
+            raise ValueError("torch.histogram(): bins tensor should have one dimension")
+        n = edges.shape[0]
+    elif bins is None:
+        raise TypeError("histogram needs bins")
+    else:
+        n = as_int(bins, "bins") + 1
+    return OpPlan([(n - 1,), (n,)], keep_strategies([None] * len(call.specs), 2))
+
+
+@_KINDS.kind("masked_scatter", ("input", "mask", "source"), ())
+def _plan_masked_scatter(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # Tensor.masked_scatter(mask, source): source elements are taken in the global order of
+    # the mask's True positions, so every argument is gathered
+    x, mask = _role(call, "input"), _role(call, "mask")
+    if x is None or mask is None:
+        raise ShardingError(f"{call.describe()}: masked_scatter needs input and mask as DTensors")
+    return _whole(call, broadcast_shapes(x.shape, mask.shape))
+
+
+@_KINDS.kind("multi_dot", ("*tensors",), ())
+def _plan_multi_dot(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch.linalg.multi_dot([A, B, ...]): a chain of matrix products (the first and last
+    # may be 1-d); the factors are gathered (a Partial one reduced first) and multiplied
+    # whole, so the product order torch picks is kept
+    specs = list(call.specs)
+    if len(specs) < 2 or len(specs) != len(call.arg_roles):
+        raise ShardingError(
+            f"{call.describe()}: multi_dot needs at least two tensors, all DTensors on one mesh"
+        )
+    first, last = specs[0], specs[-1]
+    if any(s.ndim != 2 for s in specs[1:-1]) or first.ndim not in (1, 2) or last.ndim not in (1, 2):
+        raise ValueError("multi_dot(): the first and last tensors must be 1D or 2D, the others 2D")
+    shape = ((first.shape[0],) if first.ndim == 2 else ()) + (
+        (last.shape[1],) if last.ndim == 2 else ()
+    )
+    return _whole(call, shape)
+
+
+@_KINDS.kind("vander", ("x", "N", "increasing"), ("N",))
+def _plan_vander(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch.vander(x, N=None, increasing=False): (n,) -> (n, N), each row from one element
+    # of x, so the rows keep x's shard when N is given (without it the local call would
+    # take N from the local length: x is gathered)
+    x = _role(call, "x")
+    if x is None or x.ndim != 1:
+        raise ValueError("x must be a one-dimensional tensor.")
+    n = st.get("N")
+    cols = x.shape[0] if n is None else as_int(n, "N")
+    if cols < 0:
+        raise ValueError("N must be non-negative.")
+    return OpPlan([(x.shape[0], cols)], keep_strategies([None if n is None else {0: 0}], 1))
+
+
+@_KINDS.kind("combinations", ("input", "r", "with_replacement"), ("r", "with_replacement"))
+def _plan_combinations(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch.combinations(input, r=2, with_replacement=False): every r-subset of the 1-d
+    # input, so the input is gathered; a selection, so Partial values pass through
+    x = _role(call, "input")
+    if x is None or x.ndim != 1:
+        raise ValueError("Expect a 1D vector, but got shape of a different rank")
+    r = as_int(st.get("r") if st.get("r") is not None else 2, "r")
+    if r < 0:
+        raise ValueError(f"Expect a non-negative number, but got {r}")
+    n = x.shape[0]
+    count = math.comb(n + r - 1, r) if st.get("with_replacement") else math.comb(n, r)
+    shape = (count, r) if r else (0,)
+    return OpPlan([shape], keep_strategies([None], 1, partials_of([x])))
+
+
+@_KINDS.kind("diagflat", ("input", "offset"), ("offset",))
+def _plan_diagflat(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch.diagflat(input, offset): the flattened input on a diagonal of a square matrix;
+    # the input is gathered; every other element is 0, so Partial values pass through
+    x = _role(call, "input")
+    if x is None:
+        raise ShardingError(f"{call.describe()}: diagflat needs a DTensor input")
+    n = math.prod(x.shape) + abs(as_int(st.get("offset") or 0, "offset"))
+    return OpPlan([(n, n)], keep_strategies([None], 1, partials_of([x])))
+
+
+@_KINDS.kind("put", ("input", "index", "source", "accumulate"), ("accumulate",))
+def _plan_put(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # Tensor.put(index, source, accumulate): flat global indices into the input, so every
+    # argument is gathered
+    x = _role(call, "input")
+    if x is None:
+        raise ShardingError(f"{call.describe()}: put needs a DTensor input")
+    return _whole(call, x.shape)
+
+
+@_KINDS.kind("grid_sample", ("input", "grid", "mode", "padding_mode", "align_corners"), ())
+def _plan_grid_sample(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch.nn.functional.grid_sample(input (N, C, *in), grid (N, *out, k)): (N, C, *out);
+    # batch shards are kept on both, a channel shard of input with grid Replicate; linear in
+    # input for a fixed grid, so an input Partial passes through (grid Replicate)
+    x, grid = _role(call, "input"), _role(call, "grid")
+    if x is None or grid is None or x.ndim not in (4, 5) or grid.ndim != x.ndim:
+        raise ShardingError(
+            f"{call.describe()}: grid_sample needs 4-d or 5-d DTensor input and grid"
+        )
+    if grid.shape[0] != x.shape[0] or grid.shape[-1] != x.ndim - 2:
+        raise ValueError(
+            f"grid_sample(): expected grid of shape ({x.shape[0]}, ..., {x.ndim - 2}), got "
+            f"{tuple(grid.shape)}"
+        )
+    shape = (x.shape[0], x.shape[1], *grid.shape[1:-1])
+    maps = [{0: 0, 1: 1} if s is x else {0: 0} for s in call.specs]
+    flags = [s is x for s in call.specs]
+    return OpPlan([shape], keep_strategies(maps, 1, partials_of([x]), flags))
+
+
+@_KINDS.kind("affine_grid", ("theta", "size", "align_corners"), ("size",))
+def _plan_affine_grid(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch.nn.functional.affine_grid(theta (N, k, k + 1), size (N, C, *spatial)):
+    # (N, *spatial, k); theta is gathered (the local call reads the global N from size);
+    # linear in theta, so Partial passes through
+    theta = _role(call, "theta")
+    size = st.get("size")
+    if theta is None or not isinstance(size, (list, tuple)) or len(size) not in (4, 5):
+        raise ShardingError(
+            f"{call.describe()}: affine_grid needs a DTensor theta and a 4- or 5-long size"
+        )
+    size = [as_int(s, "size") for s in size]
+    shape = (size[0], *size[2:], len(size) - 2)
+    return OpPlan([shape], keep_strategies([None], 1, partials_of([theta])))

@@ -1,10 +1,10 @@
 """Tensor ops that move, join, split or mask whole slices: cat/concat, stack, split, chunk,
-unbind, narrow, select, flip, repeat, triu/tril (``rule: tensor_op``, ``kind:`` picks the op).
+unbind, narrow, select, flip, unfold (Tensor.unfold), repeat, triu/tril (``rule: tensor_op``, ``kind:`` picks the op).
 
 Semantics (global shapes, dims, errors) are those of the torch functions of the same names.
 How a layout is decided:
 
-* the dims the op *touches* (the cat/split/narrow/select/flip dim, a repeated dim) are
+* the dims the op *touches* (the cat/split/narrow/select/flip/unfold dim, a repeated dim) are
   gathered to Replicate: the op's local call then sees the whole extent of that dim and its
   global arguments (split sizes, narrow start, select index) are right as they are;
 * every other dim keeps its shard (moved to its output position): its extent is unchanged,
@@ -278,6 +278,32 @@ class TensorOp(PlannedOp):
         flipped = set(dims_arg(dims, spec.ndim, "flip"))
         keep = {d: d for d in range(spec.ndim) if d not in flipped}
         return OpPlan([spec.shape], keep_strategies([keep], 1, partials_of([spec])))
+
+    @_KINDS.kind("unfold", ("input", "dimension", "size", "step"), ("dimension", "size", "step"))
+    def _plan_unfold(self, call: OpCall, st: dict) -> OpPlan:
+        # Tensor.unfold(dimension, size, step): the unfolded dim (gathered) becomes the
+        # window count, a new last dim the window; the other dims keep their shards; a view
+        # that only selects elements, so Partial values pass through
+        spec = self._one(call)
+        if st.get("dimension") is None or st.get("size") is None or st.get("step") is None:
+            raise TypeError("unfold needs dimension, size and step")
+        nd = max(spec.ndim, 1)
+        dim = normalize_dim(as_int(st["dimension"], "dimension"), nd, "dimension")
+        size, step = as_int(st["size"], "size"), as_int(st["step"], "step")
+        n = spec.shape[dim] if spec.ndim else 1
+        if size < 0 or size > n:
+            raise ValueError(
+                f"maximum size for tensor at dimension {dim} is {n} but size is {size}"
+            )
+        if step <= 0:
+            raise ValueError(f"step is {step} but must be > 0")
+        shape = list(spec.shape)
+        if spec.ndim:
+            shape[dim] = (n - size) // step + 1
+        keep = {d: d for d in range(spec.ndim) if d != dim}
+        return OpPlan(
+            [(*shape, size)], keep_strategies([keep], 1, partials_of([spec])), view=ViewOf()
+        )
 
     @_KINDS.kind("tile", ("input", "*dims"), ("dims",))
     def _plan_tile(self, call: OpCall, st: dict) -> OpPlan:
