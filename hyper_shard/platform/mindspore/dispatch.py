@@ -383,6 +383,40 @@ def _run_on_aliases(fn: Any, args: tuple, kwargs: dict) -> Any:
     Otherwise (a list of DTensors, a Parameter DTensor, which stays itself) the local op
     runs on aliases under the guard, and a DTensor's own methods called inside it are the
     local ones."""
+    if not kwargs and len(_THREADS) == 1:  # unrolled: one to three arguments, the first a DTensor
+        n = len(args)
+        if n == 2:
+            a, b = args
+            if type(a) is _DT:
+                tb = type(b)
+                if tb is _DT:
+                    a.__class__ = b.__class__ = Tensor
+                    try:
+                        return fn(a, b)
+                    finally:
+                        a.__class__ = b.__class__ = _DT
+                if tb is Tensor or tb in _SCALARS or (tb is tuple and _all_scalars(b)):
+                    a.__class__ = Tensor
+                    try:
+                        return fn(a, b)
+                    finally:
+                        a.__class__ = _DT
+        elif n == 1:
+            a = args[0]
+            if type(a) is _DT:
+                a.__class__ = Tensor
+                try:
+                    return fn(a)
+                finally:
+                    a.__class__ = _DT
+        elif n == 3:
+            a, b, c = args
+            if type(a) is _DT and type(b) is _DT and type(c) is _DT:
+                a.__class__ = b.__class__ = c.__class__ = Tensor
+                try:
+                    return fn(a, b, c)
+                finally:
+                    a.__class__ = b.__class__ = c.__class__ = _DT
     dts: list | None = None  # the top-level DTensor arguments
     for a in args:
         t = type(a)
@@ -434,6 +468,13 @@ def _run_on_aliases(fn: Any, args: tuple, kwargs: dict) -> Any:
         with _ANY_LOCK:
             _ANY_LOCAL[0] -= 1
         _LOCAL.depth -= 1
+
+
+def _all_scalars(seq: tuple) -> bool:
+    for x in seq:
+        if type(x) not in _SCALARS:
+            return False
+    return True
 
 
 #: the threading module's live threads (one dict, updated in place, also after a fork)
