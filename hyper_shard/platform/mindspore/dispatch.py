@@ -488,6 +488,7 @@ def _fresh_refs() -> int:
 
 #: what ``sys.getrefcount`` reports for an object only a local variable holds
 _FRESH = _fresh_refs()
+_getrefcount = sys.getrefcount
 
 
 def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
@@ -503,10 +504,10 @@ def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
     tf = type(fn)
     if dec.impl is not None or tf is _Pseudo:
         out = _run_local(fn, args, kwargs)
-    elif tf is TensorMethod or tf is BoundFunction:
-        out = _run_on_aliases(fn.fn, args, kwargs)
-    else:  # a Primitive call from __fallback__ (OpCall, TensorOverloadCall, a legacy call)
-        out = _run_on_aliases(fn, args, kwargs)
+    else:
+        # a Tensor method or a Python-level function runs its original; a Primitive call
+        # from __fallback__ (OpCall, TensorOverloadCall, a legacy call) runs itself
+        out = _run_on_aliases(fn.fn if (tf is TensorMethod or tf is BoundFunction) else fn, args, kwargs)
     if type(out) is Tensor:
         dtype = out._dtype
         hot = dec.out0
@@ -515,7 +516,7 @@ def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
         else:
             spec = dec.out_spec(0, dtype, out.itemsize)
             dec.out0 = (dtype, spec)
-        if sys.getrefcount(out) == _FRESH:
+        if _getrefcount(out) == _FRESH:
             out.__class__ = _DT
             out._spec = spec
             return out
