@@ -547,7 +547,7 @@ class BoundOp:
         scalars, no keyword arguments) take the unrolled and the plain loop below; they
         build the same key as the general path (:meth:`_key`)."""
         if not kwargs:
-            dt_type = self.dt_type
+            dt_type: Any = self.dt_type
             n = len(args)
             if n == 2:
                 a, b = args

@@ -507,7 +507,9 @@ def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
     else:
         # a Tensor method or a Python-level function runs its original; a Primitive call
         # from __fallback__ (OpCall, TensorOverloadCall, a legacy call) runs itself
-        out = _run_on_aliases(fn.fn if (tf is TensorMethod or tf is BoundFunction) else fn, args, kwargs)
+        out = _run_on_aliases(
+            fn.fn if (tf is TensorMethod or tf is BoundFunction) else fn, args, kwargs
+        )
     if type(out) is Tensor:
         dtype = out._dtype
         hot = dec.out0
