@@ -13,8 +13,8 @@ hooks (torch's ``__torch_function__``, MindSpore's ``__fallback__``) enter throu
   binding table when the registry changed) and optionally ``decompose``.
 
 The hot path (a layout-cache hit whose decision moves nothing): the bound-op lookup, one
-scan of the arguments for the key (:meth:`BoundOp.key`), one OrderedDict lookup, the hit
-count, ``run_wrap``. Everything else — a miss, a redistribution, rank-local overrides, an
+scan of the arguments for the key (:meth:`BoundOp.key`), one dict lookup, the decision's
+hit count, ``run_wrap``. Everything else — a miss, a redistribution, rank-local overrides, an
 in-place op, ``out=``, implicit replication, an unregistered op — takes the slow path,
 which is the same code for every platform.
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import types
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -55,7 +54,8 @@ __all__ = ["Dispatcher", "config", "cache_info", "clear_cache"]
 
 class _Config:
     """Dispatcher policy (process-wide settings, not context switches). ``fallback``:
-    ``"error"`` (default) or ``"replicate"``; ``cache_size``: decisions kept (LRU).
+    ``"error"`` (default) or ``"replicate"``; ``cache_size``: decisions kept (evicted
+    least recently used first, approximately: :func:`_evict`).
     ``implicit_replication`` (read-only) is the current context's switch, set by
     :func:`hyper_shard.experimental.implicit_replication`."""
 
@@ -69,20 +69,45 @@ class _Config:
 
 config = _Config()
 
-_CACHE: OrderedDict[tuple, Decision] = OrderedDict()
+#: key -> decision, in insertion order (a plain dict: a hit costs one lookup and one
+#: counter increment on the decision, no reordering)
+_CACHE: dict[tuple, Decision] = {}
+#: misses, and the hits of decisions no longer cached (the cached ones count their own)
 _STATS = {"hits": 0, "misses": 0}
 _WARNED: set[str] = set()
 
 
 def cache_info() -> dict[str, int]:
     """Layout-cache hits, misses and size."""
-    return {**_STATS, "size": len(_CACHE), "max_size": config.cache_size}
+    hits = _STATS["hits"] + sum(d.hits for d in _CACHE.values())
+    return {
+        "hits": hits,
+        "misses": _STATS["misses"],
+        "size": len(_CACHE),
+        "max_size": config.cache_size,
+    }
 
 
 def clear_cache() -> None:
     """Forget every cached decision and reset the counters."""
     _CACHE.clear()
     _STATS["hits"] = _STATS["misses"] = 0
+
+
+def _evict(cache: dict[tuple, Decision], size: int) -> None:
+    """Drop decisions until ``cache`` holds ``size``: the oldest first, except that one hit
+    since it was last looked at gets a second chance (it moves to the end, its hits
+    marked seen). An approximate LRU (CLOCK) whose hits cost one counter increment and no
+    reordering; at most one pass over the cache per eviction, since a second look at an
+    entry evicts it."""
+    while len(cache) > size:
+        key = next(iter(cache))
+        dec = cache.pop(key)
+        if dec.hits != dec.seen_hits:
+            dec.seen_hits = dec.hits
+            cache[key] = dec
+        else:
+            _STATS["hits"] += dec.hits
 
 
 class Dispatcher:
@@ -143,7 +168,7 @@ class Dispatcher:
         # the hot path as closures: their collaborators are cell variables, not attribute
         # lookups on self (these functions run once per op call on DTensors)
         bound_of, run_wrap, slow, execute = self.bound_of, self.run_wrap, self._slow, self.execute
-        cache, stats, active = _CACHE, _STATS, switches.ACTIVE
+        cache, active = _CACHE, switches.ACTIVE
 
         def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
             """Dispatch one framework call that has a DTensor argument."""
@@ -152,10 +177,13 @@ class Dispatcher:
                 key, dts = bound.key(args, kwargs)
                 dec = cache.get(key)
                 if dec is not None:
-                    stats["hits"] += 1
-                    cache.move_to_end(key)
+                    dec.hits += 1
                     if dec.direct:
                         return run_wrap(dec.impl or func, args, kwargs, dec)
+                    sp = dec.splice  # only rank-local overrides (e.g. a view's local shape)
+                    if sp is not None:
+                        i, j, mid = sp
+                        return run_wrap(dec.impl or func, args[:i] + mid + args[j:], kwargs, dec)
                     return execute(bound, func, args, kwargs, dts, dec)
             return slow(bound, func, args, kwargs)
 
@@ -167,10 +195,13 @@ class Dispatcher:
                 key, dts = bound.key(args, kwargs)
                 dec = cache.get(key)
                 if dec is not None:
-                    stats["hits"] += 1
-                    cache.move_to_end(key)
+                    dec.hits += 1
                     if dec.direct:
                         return run_wrap(dec.impl or func, args, kwargs, dec)
+                    sp = dec.splice  # only rank-local overrides (e.g. a view's local shape)
+                    if sp is not None:
+                        i, j, mid = sp
+                        return run_wrap(dec.impl or func, args[:i] + mid + args[j:], kwargs, dec)
                     return execute(bound, func, args, kwargs, dts, dec)
             return slow(bound, func, args, kwargs)
 
@@ -228,8 +259,7 @@ class Dispatcher:
             if not dec.inplace:
                 self._check_local_shapes(bound, func, out, key)
             return out
-        _STATS["hits"] += 1
-        _CACHE.move_to_end(key)
+        dec.hits += 1
         return self.execute(bound, func, args, kwargs, dts, dec)
 
     def execute(
@@ -243,6 +273,9 @@ class Dispatcher:
         if dec.needs_redist:
             args, kwargs = self._redistribute(func, args, kwargs, dts, dec)
         if dec.overrides:
+            if dec.override_only and type(args) is tuple:  # once: how the hot path applies them
+                dec.splice = bound.binder.splice(args, kwargs, dec.overrides)
+                dec.override_only = False
             for name, value in dec.overrides.items():
                 args, kwargs = bound.binder.replace(args, kwargs, name, value)
         if dec.inplace:
@@ -343,9 +376,9 @@ class Dispatcher:
         if call.mesh.get_coordinate() is None:  # a rank outside the mesh: nothing runs
             layout = outside_mesh_layout(call, layout)
         dec = Decision(call, layout, keeps)
+        if len(_CACHE) >= config.cache_size:
+            _evict(_CACHE, max(config.cache_size - 1, 0))  # room for the new one
         _CACHE[key] = dec
-        if len(_CACHE) > config.cache_size:
-            _CACHE.popitem(last=False)
         return dec
 
     def _make_call(self, bound: BoundOp, func: Any, args: tuple, kwargs: dict, dts: list) -> OpCall:

@@ -113,6 +113,25 @@ class Binder:
             return rest if rest else default
         return default
 
+    def splice(
+        self, args: Sequence[Any], kwargs: dict[str, Any], overrides: dict[str, Any]
+    ) -> tuple[int, int, tuple] | None:
+        """``(i, j, mid)`` such that ``args[:i] + mid + args[j:]`` is what :meth:`replace`
+        gives for every override in ``overrides`` on a call of this form (the same number
+        of positional arguments, the same keywords), when that is one positional
+        replacement; else None."""
+        if len(overrides) != 1:
+            return None
+        ((name, value),) = overrides.items()
+        if kwargs and self.keyword(kwargs, name) is not None:
+            return None
+        i = self.pos.get(name)
+        if i is not None:
+            return (i, i + 1, (value,)) if i < len(args) else None
+        if self.varargs is not None and self.varargs[0] == name:
+            return (self.varargs[1], len(args), (tuple(value),))
+        return None
+
     def replace(
         self, args: Sequence[Any], kwargs: dict[str, Any], name: str, value: Any
     ) -> tuple[tuple, dict]:
@@ -342,9 +361,16 @@ class Decision:
         "link_views",
         "writes_back",
         "self_wrapped",
+        "hits",
+        "seen_hits",
+        "override_only",
+        "splice",
     )
 
     def __init__(self, call: OpCall, layout: Layout, keeps_order: bool | None = None) -> None:
+        #: layout-cache hits of this decision, and the count the cache's eviction last saw
+        self.hits = 0
+        self.seen_hits = 0
         self.mesh = call.mesh
         self.layout = layout
         self.cost = layout.cost
@@ -389,6 +415,18 @@ class Decision:
             and not self.inplace
             and not any(type(s) is ViewCopySpec for s in call.specs)
         )
+        #: only rank-local argument overrides (nothing moves, not in place, no view to
+        #: link): once :attr:`splice` is known the hot path runs it like a direct one
+        self.override_only = (
+            not self.needs_redist
+            and bool(self.overrides)
+            and not self.inplace
+            and not self.link_views
+            and not any(type(s) is ViewCopySpec for s in call.specs)
+        )
+        #: ``(i, j, mid)``: the positional arguments of the local call are
+        #: ``args[:i] + mid + args[j:]`` (:meth:`Binder.splice`; set on the first run)
+        self.splice: tuple[int, int, tuple] | None = None
         #: (output index, dtype) -> output spec, made by :meth:`out_spec` on first use
         self.out_specs: dict[tuple[int, Any], DTensorSpec] = {}
         #: (dtype, spec) of the last single-tensor result wrapped, for a platform's hot
@@ -503,7 +541,63 @@ class BoundOp:
         self.dt_type = dt_type  # the exact DTensor class: a fast identity check before isinstance
 
     def key(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple, list]:
-        """The cache key and the DTensor inputs (argument order, lists flattened)."""
+        """The cache key and the DTensor inputs (argument order, lists flattened).
+
+        The common calls (positional DTensors of the exact DTensor class and python
+        scalars, no keyword arguments) take the unrolled and the plain loop below; they
+        build the same key as the general path (:meth:`_key`)."""
+        if not kwargs:
+            dt_type: Any = self.dt_type
+            n = len(args)
+            if n == 2:
+                a, b = args
+                if type(a) is dt_type:
+                    tb = type(b)
+                    if tb is dt_type:
+                        return (self.id, a._spec._id, b._spec._id), [a, b]
+                    if tb in _SCALAR_SET:
+                        return (self.id, a._spec._id, b if 1 in self.static_pos else tb), [a]
+            elif n == 3:
+                a, b, c = args
+                if type(a) is dt_type:
+                    tb = type(b)
+                    tc = type(c)
+                    if tb is dt_type:
+                        if tc is dt_type:
+                            return (self.id, a._spec._id, b._spec._id, c._spec._id), [a, b, c]
+                        if tc in _SCALAR_SET:
+                            cp = c if 2 in self.static_pos else tc
+                            return (self.id, a._spec._id, b._spec._id, cp), [a, b]
+                    elif tb in _SCALAR_SET and tc in _SCALAR_SET:
+                        sp = self.static_pos
+                        return (self.id, a._spec._id, b if 1 in sp else tb, c if 2 in sp else tc), [
+                            a
+                        ]
+            elif n == 1:
+                a = args[0]
+                if type(a) is dt_type:
+                    return (self.id, a._spec._id), [a]
+            if n > 3 or n == 0:
+                parts: list[Any] = [self.id]
+                dts: list[Any] = []
+                sp = self.static_pos
+                i = 0
+                for a in args:
+                    ta = type(a)
+                    if ta is dt_type:
+                        parts.append(a._spec._id)
+                        dts.append(a)
+                    elif ta in _SCALAR_SET:
+                        parts.append(a if i in sp else ta)
+                    else:
+                        break
+                    i += 1
+                else:
+                    return tuple(parts), dts
+        return self._key(args, kwargs)
+
+    def _key(self, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple, list]:
+        """:meth:`key` for any call."""
         parts: list[Any] = [self.id]
         dts: list[Any] = []
         is_dt = self.is_dtensor

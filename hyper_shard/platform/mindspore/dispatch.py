@@ -383,6 +383,40 @@ def _run_on_aliases(fn: Any, args: tuple, kwargs: dict) -> Any:
     Otherwise (a list of DTensors, a Parameter DTensor, which stays itself) the local op
     runs on aliases under the guard, and a DTensor's own methods called inside it are the
     local ones."""
+    if not kwargs and len(_THREADS) == 1:  # unrolled: one to three arguments, the first a DTensor
+        n = len(args)
+        if n == 2:
+            a, b = args
+            if type(a) is _DT:
+                tb = type(b)
+                if tb is _DT:
+                    a.__class__ = b.__class__ = Tensor
+                    try:
+                        return fn(a, b)
+                    finally:
+                        a.__class__ = b.__class__ = _DT
+                if tb is Tensor or tb in _SCALARS or (tb is tuple and _all_scalars(b)):
+                    a.__class__ = Tensor
+                    try:
+                        return fn(a, b)
+                    finally:
+                        a.__class__ = _DT
+        elif n == 1:
+            a = args[0]
+            if type(a) is _DT:
+                a.__class__ = Tensor
+                try:
+                    return fn(a)
+                finally:
+                    a.__class__ = _DT
+        elif n == 3:
+            a, b, c = args
+            if type(a) is _DT and type(b) is _DT and type(c) is _DT:
+                a.__class__ = b.__class__ = c.__class__ = Tensor
+                try:
+                    return fn(a, b, c)
+                finally:
+                    a.__class__ = b.__class__ = c.__class__ = _DT
     dts: list | None = None  # the top-level DTensor arguments
     for a in args:
         t = type(a)
@@ -436,6 +470,13 @@ def _run_on_aliases(fn: Any, args: tuple, kwargs: dict) -> Any:
         _LOCAL.depth -= 1
 
 
+def _all_scalars(seq: tuple) -> bool:
+    for x in seq:
+        if type(x) not in _SCALARS:
+            return False
+    return True
+
+
 #: the threading module's live threads (one dict, updated in place, also after a fork)
 _THREADS = threading._active  # type: ignore[attr-defined]
 
@@ -447,6 +488,7 @@ def _fresh_refs() -> int:
 
 #: what ``sys.getrefcount`` reports for an object only a local variable holds
 _FRESH = _fresh_refs()
+_getrefcount = sys.getrefcount
 
 
 def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
@@ -462,10 +504,12 @@ def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
     tf = type(fn)
     if dec.impl is not None or tf is _Pseudo:
         out = _run_local(fn, args, kwargs)
-    elif tf is TensorMethod or tf is BoundFunction:
-        out = _run_on_aliases(fn.fn, args, kwargs)
-    else:  # a Primitive call from __fallback__ (OpCall, TensorOverloadCall, a legacy call)
-        out = _run_on_aliases(fn, args, kwargs)
+    else:
+        # a Tensor method or a Python-level function runs its original; a Primitive call
+        # from __fallback__ (OpCall, TensorOverloadCall, a legacy call) runs itself
+        out = _run_on_aliases(
+            fn.fn if (tf is TensorMethod or tf is BoundFunction) else fn, args, kwargs
+        )
     if type(out) is Tensor:
         dtype = out._dtype
         hot = dec.out0
@@ -474,7 +518,7 @@ def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
         else:
             spec = dec.out_spec(0, dtype, out.itemsize)
             dec.out0 = (dtype, spec)
-        if sys.getrefcount(out) == _FRESH:
+        if _getrefcount(out) == _FRESH:
             out.__class__ = _DT
             out._spec = spec
             return out

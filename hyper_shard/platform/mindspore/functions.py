@@ -68,6 +68,7 @@ def bound_functions() -> dict[str, Callable]:
 
 def _make_wrapper(name: str, orig: Callable, dt_type: type) -> Callable:
     pseudo = BoundFunction(name, orig)
+    dispatch_bound = _dispatch_mod._dispatch_bound
 
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -94,7 +95,7 @@ def _make_wrapper(name: str, orig: Callable, dt_type: type) -> Callable:
         try:
             if bound is None:  # the registry changed and no longer binds the name
                 return _dispatch_mod._dispatch(pseudo, args, kwargs)
-            return _dispatch_mod._dispatch_bound(bound, pseudo, args, kwargs)  # one dispatch path
+            return dispatch_bound(bound, pseudo, args, kwargs)  # the one dispatch path
         except RuntimeError as e:
             raise_kernel_error(e, pseudo, args)
             raise

@@ -166,11 +166,15 @@ def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
     with _NoTF():
         out = fn(*args, **kwargs)
     if type(out) is _Tensor:
-        spec = dec.out_specs.get((0, out.dtype))
-        if spec is None:
+        dtype = out.dtype
+        hot = dec.out0  # (dtype, spec) of the last result wrapped: no tuple key, no hash
+        if hot is not None and hot[0] is dtype:
+            spec = hot[1]
+        else:
             if dec.outputs[0] is None:
                 return out  # the rule declares a plain (unsharded) result
-            spec = dec.out_spec(0, out.dtype, out.element_size())
+            spec = dec.out_spec(0, dtype, out.element_size())
+            dec.out0 = (dtype, spec)
         o = out.as_subclass(_DT)
         o._spec = spec
         return o
