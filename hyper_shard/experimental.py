@@ -18,6 +18,7 @@ from .placement import Placement
 
 __all__ = [
     "context_parallel",
+    "context_parallel_unshard",
     "implicit_replication",
     "local_map",
     "LocalMapError",
@@ -385,3 +386,27 @@ def context_parallel(
         m, buffers=buffers, buffer_seq_dims=buffer_seq_dims, no_restore_buffers=no_restore_buffers
     ):
         yield
+
+
+def context_parallel_unshard(
+    mesh: Any, buffers: Sequence[Any], seq_dims: Sequence[int]
+) -> list[Any]:
+    """The whole tensors back from :func:`context_parallel`'s sequence pieces, as PyTorch's
+    ``torch.distributed.tensor.experimental._attention.context_parallel_unshard`` (same
+    signature): each of ``buffers`` (this rank's piece: an output of attention inside the
+    context, a buffer left sharded by ``no_restore_buffers``, a piece's gradient) is
+    all-gathered along ``seq_dims[i]`` in mesh-coordinate order; every rank gets the whole
+    tensors. The pieces are ``torch.chunk``'s (uneven lengths allowed); a plain tensor is
+    returned for each buffer, on every framework.
+
+    Raises:
+        ValueError: ``buffers`` and ``seq_dims`` of different lengths (PyTorch's message).
+    """
+    from .dtensor import DTensor
+    from .mesh import as_mesh
+    from .placement import Shard
+
+    if len(buffers) != len(seq_dims):
+        raise ValueError("`seq_dims` must have the same number of elements as `buffers`.")
+    m = as_mesh(mesh, "context_parallel_unshard")
+    return [DTensor.from_local(b, m, [Shard(d)]).full_tensor() for b, d in zip(buffers, seq_dims)]

@@ -225,7 +225,9 @@ class Dispatcher:
     def _prepare(self, bound: BoundOp | None, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Plain tensors the current switches (or the op) take as Replicate DTensors; a
         plain one-element tensor always (as PyTorch DTensor: :mod:`.plain_scalars`)."""
-        if switches.implicit_replication_enabled():
+        if switches.implicit_replication_enabled() or (
+            bound is not None and bound.op.replicates_plain()
+        ):
             return replicate_plain(self.platform, self.is_dtensor, args, kwargs)
         if bound is not None and getattr(bound.op, "replicate_plain_lists", False):
             args, kwargs = replicate_plain(

@@ -277,6 +277,12 @@ class DistributedOp:
             tuple(st) if st is not None else tuple(self.static_args)
         )
 
+    def replicates_plain(self) -> bool:
+        """True when the op's plain-tensor arguments (rank >= 1) are to be taken as
+        ``Replicate`` DTensors, as inside ``implicit_replication()`` (``loss_parallel()``
+        takes plain targets and class weights so, as PyTorch's does)."""
+        return False
+
     # -- phase 2 ----------------------------------------------------------------
     def binder_for(self, platform: str) -> Binder:
         """The argument binder of ``platform``'s calls (``torch`` or ``mindspore``)."""

@@ -28,7 +28,9 @@ stay Replicate); Partial values follow ``partial:``, the element op's linearity:
 =================  ============================================================
 
 In-place ops (a name ending in ``_``) keep every ``self`` element where it is: the other
-inputs are moved to fit. A Replicate parameter updated with a Partial(sum) gradient thus
+inputs are moved to fit (except the lists named in ``written:``, which the op also writes:
+the fused optimizer steps ``_fused_adam_``/``_fused_adamw_``/``_fused_sgd_``/
+``_fused_adagrad_`` keep their moment buffers where they are). A Replicate parameter updated with a Partial(sum) gradient thus
 gets the gradient all-reduced first — the data-parallel all-reduce.
 """
 
@@ -59,6 +61,9 @@ class ForeachParams(RuleParams):
     #: canonical names whose python scalars are additive terms (a scalar term forbids
     #: keeping a Partial element, which would count it once per rank)
     scalar_terms: list[str] = []
+    #: list arguments besides ``self`` that the op writes in place (the fused optimizer
+    #: steps' moment buffers): their elements keep their placements too, as ``self``'s
+    written: list[str] = []
 
 
 def element_strategies(
@@ -165,6 +170,7 @@ class ForeachOp(DistributedOp):
         mode = self.params.partial
         terms = set(self.params.scalar_terms)
         has_term = any(_ROLE.sub(r"\1", name) in terms for name in call.scalars)
+        written = set(self.params.written)
         mesh = call.mesh
         cm = cost_model_for(mesh)
         rep = (R,) * mesh.ndim
@@ -200,7 +206,11 @@ class ForeachOp(DistributedOp):
                         for st in strategies
                         if all(len({st[1][j] for j in g}) == 1 for g in same)
                     ]
-                fixed = ((0,) if inplace else ()) + tuple(range(len(idx), len(specs)))
+                fixed = (
+                    ((0,) if inplace else ())
+                    + tuple(j for j, g in enumerate(groups) if g in written)
+                    + tuple(range(len(idx), len(specs)))
+                )
                 try:
                     res = search_strategy(specs, strategies, 1, cm, fixed=fixed)
                 except ValueError as e:

@@ -143,6 +143,11 @@ class LossOp(DistributedOp):
     )
     static_args = ("size_average", "reduce", "reduction")
 
+    def replicates_plain(self) -> bool:
+        """Inside ``loss_parallel()`` a plain target / class weight is the global
+        (Replicate) one, as in PyTorch's ``loss_parallel``."""
+        return loss_parallel_enabled()
+
     def form(self, call: OpCall) -> _Form:
         roles = call.arg_roles
         for r in roles:

@@ -20,6 +20,10 @@ YAML parameter ``mode``:
 * ``bernoulli`` — ``bernoulli(input)`` draws with the input's values as probabilities
   (the input is gathered, the output keeps its placements); with a python ``p`` it is
   ``like``, in place ``inplace``, and a DTensor ``p`` is gathered.
+* ``multinomial`` — ``multinomial(input, num_samples)``: ``(*batch, categories)``
+  probabilities give ``(*batch, num_samples)`` indices. The input is gathered (each rank
+  draws the single-device result), the output keeps the input's batch shards (PyTorch
+  DTensor's placements); a sharded category dim, or a 1-D input, gives ``Replicate``.
 
 A fully Replicate (or Partial-only) input needs no kernel: every rank runs the plain op
 on identical generator states. The kernels (:mod:`hyper_shard.kernels.random`) are
@@ -37,6 +41,7 @@ from ..errors import ShardingError
 from ..kernels.random import GlobalDraw, ShardedDropout
 from ..placement import Partial, Placement, Replicate, Shard
 from ..registry.models import RuleParams
+from ..spec import DTensorSpec, TensorMeta, contiguous_stride
 from . import register_rule
 
 __all__ = ["RandomOp", "RandomParams"]
@@ -46,7 +51,7 @@ _MASK_SAFE = ("sum", "avg", "max", "min")
 
 
 class RandomParams(RuleParams):
-    mode: Literal["like", "inplace", "dropout", "bernoulli"]
+    mode: Literal["like", "inplace", "dropout", "bernoulli", "multinomial"]
     #: run an in-place fill's copy under no_grad (nn.init functions)
     no_grad: bool = False
 
@@ -79,6 +84,8 @@ class RandomOp(DistributedOp):
         spec = call.specs[0]
         mesh = call.mesh
         n = mesh.ndim
+        if mode == "multinomial":
+            return self._multinomial(call, spec)
         inputs: list[tuple[Placement, ...] | None] = [None] * len(call.specs)
         values = False
         if mode == "bernoulli":
@@ -133,4 +140,32 @@ class RandomOp(DistributedOp):
                 no_grad=self.params.no_grad,
                 from_values=values,
             )
+        return layout
+
+    def _multinomial(self, call: OpCall, spec: DTensorSpec) -> Layout:
+        """``multinomial``: gather the probabilities, keep the batch shards (see the module
+        docstring)."""
+        k = call.scalars.get("num_samples")
+        if not isinstance(k, int) or isinstance(k, bool):
+            raise ShardingError(f"{call.describe()}: num_samples must be a python int, got {k!r}")
+        nd = spec.ndim
+        shape = (*spec.shape[:-1], k)
+        out = tuple(p if type(p) is Shard and p.dim < nd - 1 else _R for p in spec.placements)
+        mesh = call.mesh
+        layout = Layout([(_R,) * mesh.ndim], [out], [shape])
+        coord = mesh.get_coordinate()
+        if not any(type(p) is Shard for p in out) or coord is None:
+            return layout
+        meta = TensorMeta(shape, contiguous_stride(shape), spec.dtype, spec.tensor_meta.itemsize)
+        ls, off = DTensorSpec(mesh, out, meta).local_shape_and_offset(coord)
+        layout.impl = GlobalDraw(
+            call.func,
+            call.binder or self.binder,
+            call.arg_roles[0],
+            call.platform,
+            shape,
+            (off, ls),
+            inplace=False,
+            from_values=True,
+        )
         return layout

@@ -704,6 +704,21 @@ def _allow_in_weights_only_load() -> None:
 _allow_in_weights_only_load()
 
 
+def _allow_foreach_in_optimizers() -> None:
+    """``torch.optim`` takes its foreach (multi-tensor) path by default only for tensor
+    types in ``_foreach_supported_types``: DTensor is added, as PyTorch adds its own (the
+    foreach rule decides each element; lists over several meshes are split per mesh)."""
+    try:
+        from torch.optim.optimizer import _foreach_supported_types as types
+    except ImportError:  # an older torch without the list
+        return
+    if DTensor not in types:
+        types.append(DTensor)  # type: ignore[arg-type]
+
+
+_allow_foreach_in_optimizers()
+
+
 def _full_then(method: Any) -> Callable:
     def h(args: Any, kwargs: dict) -> Any:
         self = args[0]
