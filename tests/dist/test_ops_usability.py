@@ -401,10 +401,11 @@ def check_replicate_fallback(rank, world):
     a = torch.randn(5, 6)
     x = distribute_tensor(a, mesh, [Shard(0)]).requires_grad_()
     # the error names the op, the input placements and the YAML entry to add
+    # (Tensor.adjoint, unbound; Tensor.unfold, the example before, has a rule now)
     with pytest.raises(hyper_shard.OpNotRegisteredError) as ei:
-        x.unfold(1, 3, 1)
+        x.adjoint()
     msg = str(ei.value)
-    for part in ("'Tensor.unfold'", "DTensor[5, 6][S(0)]", "torch: [Tensor.unfold]", "fallback"):
+    for part in ("'Tensor.adjoint'", "DTensor[5, 6][S(0)]", "torch: [Tensor.adjoint]", "fallback"):
         assert part in msg, (part, msg)
     # a composite torch function is run as its parts; the error points to the public name
     with pytest.raises(hyper_shard.OpNotRegisteredError, match=r"torch: \[torch.stft\]"):
@@ -414,17 +415,17 @@ def check_replicate_fallback(rank, world):
     try:
         with warnings.catch_warnings(record=True) as rec:
             warnings.simplefilter("always")
-            d1 = x.unfold(1, 3, 1)
-            d2 = x.unfold(1, 2, 2)
+            d1 = x.adjoint()
+            d2 = x[1:].adjoint()
         assert sum("no sharding rule" in str(w.message) for w in rec) == 1
     finally:
         hyper_shard.config.fallback = old
     assert d1.placements == (Replicate(),)
-    torch.testing.assert_close(d1.full_tensor(), a.unfold(1, 3, 1))
-    torch.testing.assert_close(d2.full_tensor(), a.unfold(1, 2, 2))
+    torch.testing.assert_close(d1.full_tensor(), a.adjoint())
+    torch.testing.assert_close(d2.full_tensor(), a[1:].adjoint())
     (d1 * 3).sum().backward()
     ref = a.clone().requires_grad_()
-    (ref.unfold(1, 3, 1) * 3).sum().backward()
+    (ref.adjoint() * 3).sum().backward()
     torch.testing.assert_close(x.grad.full_tensor(), ref.grad)
     return True
 
