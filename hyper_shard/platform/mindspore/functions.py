@@ -68,7 +68,6 @@ def bound_functions() -> dict[str, Callable]:
 
 def _make_wrapper(name: str, orig: Callable, dt_type: type) -> Callable:
     pseudo = BoundFunction(name, orig)
-    dispatch_bound = _dispatch_mod._dispatch_bound
 
     @functools.wraps(orig)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -95,7 +94,8 @@ def _make_wrapper(name: str, orig: Callable, dt_type: type) -> Callable:
         try:
             if bound is None:  # the registry changed and no longer binds the name
                 return _dispatch_mod._dispatch(pseudo, args, kwargs)
-            return dispatch_bound(bound, pseudo, args, kwargs)  # the one dispatch path
+            # the one dispatch path (read at call time: tests and tools may wrap it)
+            return _dispatch_mod._dispatch_bound(bound, pseudo, args, kwargs)
         except RuntimeError as e:
             raise_kernel_error(e, pseudo, args)
             raise
