@@ -11,7 +11,8 @@ import torch
 
 from tests.dist._fsdp_models import (
     TinyNet,
-    assert_same_training, batches,
+    assert_same_training,
+    batches,
     full,
     loss_of,
     make_net,
@@ -193,7 +194,9 @@ def check_fsdp_reports(rank: int, world: int) -> dict:
         except (ValueError, NotImplementedError) as e:
             return "raised " + type(e).__name__ + ": " + str(e)
         return "accepted " + str(
-            sorted({str(p.placements) for p in net.blocks[0].parameters() if isinstance(p, DTensor)})
+            sorted(
+                {str(p.placements) for p in net.blocks[0].parameters() if isinstance(p, DTensor)}
+            )
         )
 
     _guard(out, "229", mesh_none_dtensor)
