@@ -228,7 +228,7 @@ def test_fsdp_reports(dist2):
       early error naming the mesh.
     """
     outs = dist2.run(check_fsdp_reports)
-    for rank, out in enumerate(outs):
+    for out in outs:
         ref = out["ref"]
         r541 = _ok(out, "541")
         assert r541["leaf"] and not r541["local_meta"]
