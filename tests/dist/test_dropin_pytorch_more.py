@@ -23,27 +23,10 @@ import torch.nn.functional as F
 
 import hyper_shard as hs
 
-from .test_dropin_pytorch_tests import _both as _both_raising
+from .test_dropin_pytorch_ops import _FAILS, _both, _done
 from .test_dropin_pytorch_tests import _canon, _lib
 
 pytestmark = pytest.mark.multiproc
-
-_FAILS: list[str] = []
-
-
-def _both(fn, what: str) -> None:
-    """``_both`` of test_dropin_pytorch_tests, collecting the differences so one run names
-    all of them (``_done`` raises with the list)."""
-    try:
-        _both_raising(fn, what)
-    except AssertionError as e:
-        _FAILS.append(str(e)[:3000])
-
-
-def _done() -> bool:
-    fails, _FAILS[:] = list(_FAILS), []
-    assert not fails, "\n".join(fails)
-    return True
 
 
 class _Mods:

@@ -4,11 +4,11 @@ training, gradient norms and metadata compared with the same model in one proces
 
 from __future__ import annotations
 
-import traceback
-
 import pytest
 import torch
 
+from tests._scenarios import guard as _guard
+from tests._scenarios import ok as _ok
 from tests.dist._fsdp_models import (
     TinyNet,
     assert_same_training,
@@ -20,19 +20,6 @@ from tests.dist._fsdp_models import (
 )
 
 pytestmark = pytest.mark.multiproc
-
-
-def _guard(out: dict, name: str, fn) -> None:
-    try:
-        out[name] = fn()
-    except Exception:  # the test reports the scenario's traceback
-        out[name] = "ERROR " + traceback.format_exc()
-
-
-def _ok(res: dict, name: str):
-    val = res[name]
-    assert not (isinstance(val, str) and val.startswith("ERROR")), f"{name}: {val}"
-    return val
 
 
 def _shard_all(net, mesh, fully_shard):

@@ -8,26 +8,13 @@ scenario is wrapped so that one failure names itself instead of hiding the other
 
 from __future__ import annotations
 
-import traceback
-
 import numpy as np
 import pytest
 
+from tests._scenarios import guard as _guard
+from tests._scenarios import ok as _ok
+
 pytestmark = [pytest.mark.mindspore, pytest.mark.multiproc]
-
-
-def _guard(out: dict, name: str, fn) -> None:
-    try:
-        out[name] = fn()
-    except Exception:  # the test reports the scenario's traceback
-        out[name] = "ERROR " + traceback.format_exc()
-
-
-def _ok(res: dict, name: str):
-    val = res[name]
-    assert not (isinstance(val, str) and val.startswith("ERROR")), f"{name}: {val}"
-    return val
-
 
 # --------------------------------------------------------------------------- DTensor core
 
