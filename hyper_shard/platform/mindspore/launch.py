@@ -116,14 +116,20 @@ def _store_barrier(store: Any, key: str, world: int, timeout: float) -> None:
 
 
 def barrier() -> None:
-    """A barrier over the whole world (no-op in a world of one)."""
+    """A barrier over the whole world (no-op in a world of one): a one-element all-reduce.
+
+    Not ``mint.distributed.barrier``: in MindSpore 2.10 it calls
+    ``mindspore.runtime.synchronize()``, which on CPU logs ``[ERROR] CPU device is not
+    supported`` on every rank (the barrier itself works); an all-reduce returns only when
+    every rank has joined it and logs nothing."""
     from mindspore.communication import GlobalComm
     from mindspore.communication._comm_helper import _is_initialized
 
     if _is_initialized():
+        import mindspore as ms
         import mindspore.mint.distributed as dist
 
-        dist.barrier(group=GlobalComm.WORLD_COMM_GROUP)
+        dist.all_reduce(ms.Tensor([1.0], ms.float32), group=GlobalComm.WORLD_COMM_GROUP)
 
 
 def finish_process() -> None:
