@@ -433,6 +433,31 @@ def transformer_samples() -> dict[str, list[Sample]]:
         "mindspore.ops.dropout": [
             S("ops.dropout(a, 0.4) (seeded)", seeded(lambda a: ops.dropout(a, 0.4)), A)
         ],
+        # -- tensors inside a tuple (the legacy Stack Primitive is hooked: no local stack)
+        "mindspore.ops.stack": [
+            S("ops.stack((a, b))", lambda a, b: ops.stack((a, b)), A, B),
+            S("ops.stack([a, b], axis=2)", lambda a, b: ops.stack([a, b], axis=2), A, B),
+        ],
+        "StackExt": [S("mint.stack((a, b), 1)", lambda a, b: orig.stack((a, b), 1), A, B)],
+        "mindspore.ops.sort": [
+            S("ops.sort(a, 0)", lambda a: ops.sort(a, 0), A),
+            S(
+                "ops.sort(a, axis=1, descending=True)",
+                lambda a: ops.sort(a, axis=1, descending=True),
+                A,
+            ),
+        ],
+        "CumsumExt": [S("mint.cumsum(a, 0)", lambda a: orig.cumsum(a, 0), A)],
+        "Any": [S("(c).any()", lambda c: c.any(), C, grad=nograd, partial=[False])],
+        "ReduceStd": [
+            S("ops.std(a, 1)", lambda a: ops.std(a, 1), A),
+            S("ops.std(a)", lambda a: ops.std(a), A),
+            S(
+                "ops.std(a, 0, ddof=1, keepdims=True)",
+                lambda a: ops.std(a, 0, ddof=1, keepdims=True),
+                A,
+            ),
+        ],
         "mindspore.mint.nn.functional.dropout": [
             S("F.dropout(a, 0.4) (seeded)", seeded(lambda a: F.dropout(a, 0.4)), A)
         ],

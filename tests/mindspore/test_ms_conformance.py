@@ -49,6 +49,8 @@ NO_CPU_KERNEL: dict[str, str] = {
     "mindspore.mint.nn.functional.dropout": (
         "it runs DropoutExt, unregistered on CPU (ops.dropout is value-tested)"
     ),
+    "StackExt": "the kernel StackExt is unregistered on CPU (ops.stack is value-tested)",
+    "CumsumExt": "the kernel CumsumExt is unregistered on CPU (ops.cumsum: CumSum)",
 }
 
 

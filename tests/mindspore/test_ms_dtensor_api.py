@@ -204,6 +204,13 @@ def check_operators(rank: int, world: int) -> dict:
     s_dt[3:, 1] = -2.0
     out["setitem"] = _full(lambda: s_dt)
     out["unregistered"] = _try(lambda: ops.frac(d))  # its Mod Primitive is unbound
+    # DTensors inside a tuple argument of a legacy Primitive (MindSpore's C++ hands only
+    # top-level DTensors to __fallback__): dispatched, never run on the local shards
+    c1 = hs.distribute_tensor(Tensor(X), mesh, [Shard(1)])
+    st = ops.stack((d, c1), 1)  # mixed layouts: the rule moves them to one
+    out["stack"] = (type(st).__name__, str(st.placements), _full(lambda: st))
+    out["legacy_stack"] = _try(lambda: ops.Stack(0)((d, d)))  # the bare Primitive: unbound
+    out["addn"] = _try(lambda: ops.addn((d, d)))
     from hyper_shard.dispatch.dispatcher import config
 
     config.fallback = "replicate"  # gather the inputs, run the plain op, warn once
@@ -273,6 +280,10 @@ def test_operators(ms2):
             out["unregistered"].startswith("OpNotRegisteredError")
             and "'Mod'" in out["unregistered"]
         )
+        assert out["stack"][0] == "MindSporeDTensor", out["stack"]
+        np.testing.assert_allclose(out["stack"][2], np.stack([X, X], 1), rtol=1e-6)
+        for k, name in (("legacy_stack", "'Stack'"), ("addn", "'AddN'")):
+            assert out[k].startswith("OpNotRegisteredError") and name in out[k], out[k]
         assert out["fallback"][0] == "(Replicate(),)"
         np.testing.assert_allclose(out["fallback"][1], out["fallback"][2], rtol=1e-6)
         assert out["no_kernel"].startswith("HyperShardError")

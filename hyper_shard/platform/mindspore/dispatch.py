@@ -148,6 +148,8 @@ _ANY_LOCK = threading.Lock()
 MISSING_KERNEL_HINTS = {
     "Mm": "use mint.matmul (MatMulExt)",
     "StackExt": "use ops.stack, or mint.cat of unsqueezed tensors",
+    "CumsumExt": "use ops.cumsum(x, axis) (CumSum)",
+    "SortExt": "use ops.sort(x, axis, descending) or Tensor.sort",
     "Clone": "use ops.deepcopy or x * 1",
     "ZerosLikeExt": "use ops.zeros_like or mint.zeros(shape)",
     "OnesLikeExt": "use ops.ones_like or mint.ones(shape)",
@@ -261,8 +263,10 @@ def build_ms_table(reg: Registry) -> dict[str, BoundOp]:
 
 def bind() -> None:
     """Build the binding table now (and wrap the bound Python-level functions), so the
-    first call of a bound function on a DTensor already dispatches as one op."""
+    first call of a bound function on a DTensor already dispatches as one op; hook the
+    legacy Primitive calls with DTensors inside tuple arguments."""
     _lookup(getitem_call)
+    install_nested_hook()
 
 
 _TABLE: dict[str, BoundOp] = {}  # Primitive name -> BoundOp; one dict, refilled on reload
@@ -569,6 +573,57 @@ def ms_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     except RuntimeError as e:
         raise_kernel_error(e, func, args)
         raise
+
+
+class _NestedLegacyCall:
+    """A legacy Primitive call whose DTensors sit inside a tuple or list argument
+    (``ops.stack((a, b))`` runs ``Stack(axis)((a, b))``): seen by :func:`ms_dispatch` as
+    ``(prim, name, inputs)``, run locally by MindSpore's own ``_run_op``."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, prim: Any, name: str, inputs: tuple) -> Any:
+        return _ORIG_RUN_OP[0](prim, name, inputs)
+
+
+#: MindSpore's ``mindspore.ops.primitive._run_op`` (None until :func:`install_nested_hook`)
+_ORIG_RUN_OP: list[Any] = [None]
+
+
+def _run_op_hooked(obj: Any, op_name: str, args: Any) -> Any:
+    """``mindspore.ops.primitive._run_op`` with DTensors inside sequence arguments
+    dispatched: MindSpore's C++ hands a Primitive call to ``__fallback__`` only when a
+    DTensor is a top-level argument, so a legacy Primitive given a tuple of DTensors
+    (``Stack``, ``AddN``) would otherwise run on their local shards and return a plain
+    tensor of local data. Plain calls pay one scan of the arguments."""
+    for a in args:
+        t = type(a)
+        if (t is tuple or t is list) and a:
+            for x in a:
+                if type(x) is _DT:
+                    if _ANY_LOCAL[0] and _LOCAL.depth:  # a local op on the DTensors themselves
+                        break
+                    return ms_dispatch(_NestedLegacyCall(op_name), (obj, op_name, tuple(args)), {})
+    return _ORIG_RUN_OP[0](obj, op_name, args)
+
+
+def install_nested_hook() -> None:
+    """Route legacy Primitive calls with DTensors inside tuple/list arguments through the
+    dispatcher (idempotent): replaces ``_run_op`` in ``mindspore.ops.primitive`` and in
+    every loaded ``mindspore`` module that imported it."""
+    import mindspore.ops.primitive as primitive
+
+    if _ORIG_RUN_OP[0] is not None:
+        return
+    orig = primitive._run_op
+    _ORIG_RUN_OP[0] = orig
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is not None and mod_name.startswith("mindspore"):
+            if getattr(mod, "__dict__", {}).get("_run_op") is orig:
+                mod._run_op = _run_op_hooked  # type: ignore[attr-defined]
 
 
 def raise_kernel_error(e: RuntimeError, func: Any, args: tuple) -> None:

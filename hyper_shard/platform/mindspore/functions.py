@@ -13,7 +13,8 @@ functions the op specs name:
   ``mindspore.ops.function.nn_func.cross_entropy`` and ``mindspore.ops.functional...``)
   is replaced by a thin wrapper, as is the attribute of the function's own module;
 * the wrapper passes plain calls straight to the original function (one scan of the
-  arguments for a DTensor, well under a microsecond); a call with a DTensor argument is
+  arguments, and of a tuple or list argument's items, for a DTensor, well under a
+  microsecond); a call with a DTensor argument (or a DTensor inside one) is
   dispatched as one op named by the dotted name, whose local op is the original function
   run on the local tensors.
 
@@ -66,6 +67,14 @@ def bound_functions() -> dict[str, Callable]:
     return dict(_ORIGINALS)
 
 
+def _holds_dtensor(seq: tuple | list, dt_type: type) -> bool:
+    for x in seq:
+        t = type(x)
+        if t is dt_type or (t is not Tensor and t not in _SCALARS and isinstance(x, dt_type)):
+            return True
+    return False
+
+
 def _make_wrapper(name: str, orig: Callable, dt_type: type) -> Callable:
     pseudo = BoundFunction(name, orig)
 
@@ -77,7 +86,10 @@ def _make_wrapper(name: str, orig: Callable, dt_type: type) -> Callable:
             t = type(a)
             if t is dt_type:
                 break
-            if t is not Tensor and t not in _SCALARS and isinstance(a, dt_type):
+            if t is tuple or t is list:  # ops.stack((a, b)): DTensors inside a sequence
+                if _holds_dtensor(a, dt_type):
+                    break
+            elif t is not Tensor and t not in _SCALARS and isinstance(a, dt_type):
                 break
         else:
             for v in kwargs.values():
