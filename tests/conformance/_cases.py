@@ -36,7 +36,7 @@ FALLBACK_NUMEL = 1600
 MAX_SAMPLES = 4
 #: placement combinations per sample on the 1-D mesh of 2, for the entry's first variant
 #: (every combination when there are at most this many; else a fixed random subset)
-MAX_COMBOS = 256
+MAX_COMBOS = 128
 #: a smaller first-variant cap for entries whose cases are slow (three-tensor convolutions:
 #: each case is a conv forward and backward on 2 ranks)
 MAX_COMBOS_FOR = {
@@ -47,7 +47,9 @@ MAX_COMBOS_FOR = {
 }  # fmt: skip
 #: the same for the other variants (method and in-place forms of the same rule)
 MAX_COMBOS_OTHER = 10
-#: placement combinations of the chosen sample on the (2, 2) mesh, per variant
+#: placement combinations of the chosen sample on the (2, 2) mesh, per variant (for an
+#: elementwise entry, :func:`is_elementwise`, its first variant only: the method and in-place
+#: forms apply the same pointwise rule, already nested on (2, 2) by the first one)
 MAX_COMBOS_2D = 5
 #: entries whose output values torch leaves unspecified: only global shape, dtype and the
 #: local shard shapes are compared
@@ -160,6 +162,12 @@ def bound_variants(op: Any) -> list[Variant]:
         if wrapped is not None and not any(wrapped == v.fn for v in out):
             out.append(Variant("op", op.op, table[wrapped].name))
     return out
+
+
+def is_elementwise(op: Any) -> bool:
+    """The entry is an elementwise OpInfo (UnaryUfuncInfo or BinaryUfuncInfo)."""
+    names = {cls.__name__ for cls in type(op).__mro__}
+    return bool(names & {"UnaryUfuncInfo", "BinaryUfuncInfo"})
 
 
 def family(op: Any) -> str:

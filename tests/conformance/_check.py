@@ -350,6 +350,8 @@ def run_entry(rank: int, world: int, key: str) -> dict[str, Any]:
     if world == 4:
         s2 = C.sample_2d(chosen)
         chosen = [s2] if s2 is not None else []
+        if C.is_elementwise(op):
+            variants = variants[:1]  # see C.MAX_COMBOS_2D
     cases: list[dict[str, Any]] = []
     pending: dict[int, list[Any]] = {}
     for s in chosen:

@@ -104,7 +104,8 @@ def render(verdicts: dict[str, Verdict], seconds: float) -> str:
         f" {C.MAX_COMBOS_OTHER} for its method/in-place variants;",
         f"  mesh (2, 2): {C.MAX_COMBOS_2D} fixed random combinations per variant of the sample"
         " with the most",
-        "  tensor dims;",
+        "  tensor dims (elementwise entries: of their first variant; the method and in-place",
+        "  forms apply the same pointwise rule);",
         "- forward: each output's `full_tensor()` equals plain torch's on the same global tensors",
         f"  (`torch.testing.assert_close`, NaNs equal; float32 rtol={FLOAT32_TOL[0]:g},"
         f" atol={FLOAT32_TOL[1]:g} or the OpInfo's",

@@ -37,7 +37,7 @@ def group_of(op: Any) -> str:
     names = {cls.__name__ for cls in type(op).__mro__}
     if "UnaryUfuncInfo" in names:
         return "unary"
-    if "BinaryUfuncInfo" in names:
+    if C.is_elementwise(op):  # a BinaryUfuncInfo
         return "binary" if op.supports_autograd else "binary_nondiff"
     if "ReductionOpInfo" in names:
         return "reduction"

@@ -43,9 +43,9 @@ def _check_rows(rows: list[tuple], steps: int) -> None:
 
 
 def test_llama_tp_check_passes(tmp_path: Path) -> None:
-    proc, rows = _run(tmp_path, "--steps", "6")
+    proc, rows = _run(tmp_path, "--steps", "3")
     assert "--check passed" in proc.stdout
-    _check_rows(rows, 6)
+    _check_rows(rows, 3)
     assert "TP over 2 ranks" in proc.stdout
     png = tmp_path / "train_llama_tp_loss.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -121,9 +121,16 @@ def test_all_pairs_1d_mesh(dist2, shape):
     assert counts == [7 * 7, 7 * 7]  # every (src, dst) pair, on both ranks
 
 
-@pytest.mark.parametrize("shape", [(4, 4), (5, 3), (3, 2, 5)], ids=["even", "uneven", "3d-uneven"])
-def test_all_pairs_2d_mesh(dist4, shape):
-    counts = dist4.run(check_all_pairs, (2, 2), shape, ("sum",), True)
+@pytest.mark.parametrize(
+    "shape,grads",
+    [((4, 4), True), ((5, 3), True), ((3, 2, 5), False)],
+    ids=["even", "uneven", "3d-uneven"],
+)
+def test_all_pairs_2d_mesh(dist4, shape, grads):
+    """Every pair of (2, 2) placements. The 3-d tensor's pairs check values only: the
+    gradient of a move is a move back (to the source placements, Partial ones as
+    Replicate), a pair its forward sweep checks; the 2-d shapes check every gradient too."""
+    counts = dist4.run(check_all_pairs, (2, 2), shape, ("sum",), grads)
     n = (len(shape) + 2) ** 2
     assert counts == [n * n] * 4
 

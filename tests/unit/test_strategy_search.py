@@ -67,8 +67,8 @@ def test_search_cost_equals_full_expansion(mesh_shape, sample, opname, shapes, r
     op = get_registry().entries[opname].op
     per_input = [_states(len(mesh_shape), len(s)) for s in shapes]
     pairs = list(itertools.product(*per_input))
-    if opname == "linear":
-        sample = min(sample or 150, 150)
+    if opname == "linear":  # three inputs: a full expansion on a 3-D mesh is the slowest
+        sample = 150 if sample is None else min(sample, 50)
     if sample is not None and len(pairs) > sample:
         pairs = random.Random(0).sample(pairs, sample)
     for srcs in pairs:
