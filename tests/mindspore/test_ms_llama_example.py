@@ -1,7 +1,7 @@
 """The MindSpore main job: ``examples/mindspore_llama_tp.py`` trains a Llama decoder (RoPE,
 grouped-query attention, RMSNorm, SwiGLU) with tensor parallelism on 2 mccl ranks; its
 losses must equal the same model trained in one plain MindSpore process, step by step, to
-1e-4 relative (10 steps; sequence parallel and a tied LM head for a few steps). The
+1e-4 relative (20 steps; sequence parallel and a tied LM head for a few steps). The
 training function runs in the session's MindSpore pools; one run of the command line
 checks the table, ``--check`` and the plot as a user sees them."""
 
@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.mindspore, pytest.mark.multiproc]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mindspore_llama_tp.py"
 SMALL = ["--hidden", "64", "--ffn", "128", "--seq", "16", "--batch", "4"]
-#: (flags, steps): the plain plan for 10 steps, then --sp and --tie briefly
-RUNS = [([], 10), (["--sp"], 3), (["--tie"], 3)]
+#: (flags, steps): the plain plan for 20 steps (issue 15 asks for 20), then --sp and --tie briefly
+RUNS = [([], 20), (["--sp"], 3), (["--tie"], 3)]
 ROW = re.compile(r"^\s*(\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s+(\S+)\s+(\d+)\s+(\d+)\s*$")
 
 
