@@ -7,6 +7,8 @@ never against numbers of our own.
 * ``from_local(run_check=True)`` did not compare the local shapes: ``Replicate`` (or
   ``Partial``) shards of different shapes made a DTensor whose global shape differed per
   rank, where PyTorch raises ``ValueError`` (uneven ``Shard`` shards stay accepted).
+* the factories (``zeros``/``ones``/``empty``/``full``/``rand``/``randn``) refused
+  ``layout=torch.strided``; ``zeros`` refused ``Partial`` placements (zero in every form).
 """
 
 from __future__ import annotations
@@ -49,9 +51,33 @@ def check_run_check_shapes(rank, world):
     return True
 
 
+def check_factories(rank, world):
+    """``layout=torch.strided`` is taken by every factory; ``zeros`` takes ``Partial``."""
+    for f in ("zeros", "ones", "empty"):
+        _both(
+            lambda L, f=f: (
+                getattr(L, f)(
+                    5, 3, device_mesh=_m(L, world), placements=[L.Shard(0)], layout=torch.strided
+                ).shape
+            ),
+            f"{f}(layout=torch.strided)",
+        )
+    _both(
+        lambda L: L.full(
+            (5, 3), 2.0, device_mesh=_m(L, world), placements=[L.Shard(1)], layout=torch.strided
+        ),
+        "full(layout=torch.strided)",
+    )
+    _both(
+        lambda L: L.zeros(5, 3, device_mesh=_m(L, world), placements=[L.Partial()]),
+        "zeros(placements=[Partial()])",
+    )
+    return True
+
+
 def check_all(rank, world):
-    return [f(rank, world) for f in (check_run_check_shapes,)]
+    return [f(rank, world) for f in (check_run_check_shapes, check_factories)]
 
 
 def test_dropin_parity(dist2):
-    assert dist2.run(check_all) == [[True] * 1] * 2
+    assert dist2.run(check_all) == [[True] * 2] * 2
