@@ -366,10 +366,10 @@ class DTensor:
 
 def _format(dt: Any) -> str:
     spec = dt._spec
-    pl = ", ".join(repr(p) for p in spec.placements)
+    pl = repr(tuple(spec.placements))  # "(Shard(dim=0),)", as PyTorch DTensor's repr
     local = spec.mesh.platform.local_of(dt)
     return (
-        f"DTensor(local_tensor={local}, device_mesh={spec.mesh}, placements=({pl}), "
+        f"DTensor(local_tensor={local}, device_mesh={spec.mesh}, placements={pl}, "
         f"shape={list(spec.shape)})"
     )
 

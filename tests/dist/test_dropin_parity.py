@@ -9,9 +9,12 @@ never against numbers of our own.
   rank, where PyTorch raises ``ValueError`` (uneven ``Shard`` shards stay accepted).
 * the factories (``zeros``/``ones``/``empty``/``full``/``rand``/``randn``) refused
   ``layout=torch.strided``; ``zeros`` refused ``Partial`` placements (zero in every form).
+* ``repr(dt)`` showed ``placements=(Shard(dim=0))``, not the tuple ``(Shard(dim=0),)``.
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -75,9 +78,21 @@ def check_factories(rank, world):
     return True
 
 
+def check_repr(rank, world):
+    """The placements in ``repr`` are a tuple, as PyTorch prints them."""
+
+    def placements_of(L):
+        d = L.distribute_tensor(_r(4, 2), _m(L, world), [L.Shard(0)])
+        p = L.DTensor.from_local(torch.ones(2), _m(L, world), [L.Partial()])
+        return [re.search(r"placements=(\(.*?,\))", repr(x)).group(1) for x in (d, p)]
+
+    _both(placements_of, "repr(dt) placements")
+    return True
+
+
 def check_all(rank, world):
-    return [f(rank, world) for f in (check_run_check_shapes, check_factories)]
+    return [f(rank, world) for f in (check_run_check_shapes, check_factories, check_repr)]
 
 
 def test_dropin_parity(dist2):
-    assert dist2.run(check_all) == [[True] * 2] * 2
+    assert dist2.run(check_all) == [[True] * 3] * 2
