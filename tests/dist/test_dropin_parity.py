@@ -10,6 +10,8 @@ never against numbers of our own.
 * the factories (``zeros``/``ones``/``empty``/``full``/``rand``/``randn``) refused
   ``layout=torch.strided``; ``zeros`` refused ``Partial`` placements (zero in every form).
 * ``repr(dt)`` showed ``placements=(Shard(dim=0))``, not the tuple ``(Shard(dim=0),)``.
+* ``y.backward(gradient)`` of a ``Partial(max)`` output (``x.max()`` of a sharded ``x``)
+  raised ``NotImplementedError``; a plain one-element gradient raised ``TypeError``.
 """
 
 from __future__ import annotations
@@ -90,9 +92,35 @@ def check_repr(rank, world):
     return True
 
 
+def check_backward_gradient(rank, world):
+    """An explicit gradient (a DTensor, or a plain one-element tensor) of a reduction whose
+    output is ``Partial(max)``/``Partial(min)`` here reaches the ranks holding the extremum."""
+
+    def run(L, red, grad):
+        x = L.distribute_tensor(_r(5, 4).requires_grad_(), _m(L, world), [L.Shard(0)])
+        y = getattr(x, red)() * 3
+        g = torch.tensor(2.0)
+        y.backward(L.distribute_tensor(g, _m(L, world), [L.Replicate()]) if grad == "dt" else g)
+        return y.full_tensor(), x.grad.full_tensor()
+
+    # (torch's x.grad of sum().backward(plain) is a plain tensor: left out)
+    for red, grad in [
+        ("max", "dt"),
+        ("max", "plain"),
+        ("min", "dt"),
+        ("min", "plain"),
+        ("sum", "dt"),
+    ]:
+        _both(lambda L, red=red, grad=grad: run(L, red, grad), f"{red}().backward({grad})")
+    return True
+
+
 def check_all(rank, world):
-    return [f(rank, world) for f in (check_run_check_shapes, check_factories, check_repr)]
+    return [
+        f(rank, world)
+        for f in (check_run_check_shapes, check_factories, check_repr, check_backward_gradient)
+    ]
 
 
 def test_dropin_parity(dist2):
-    assert dist2.run(check_all) == [[True] * 3] * 2
+    assert dist2.run(check_all) == [[True] * 4] * 2
