@@ -12,6 +12,8 @@ never against numbers of our own.
 * ``repr(dt)`` showed ``placements=(Shard(dim=0))``, not the tuple ``(Shard(dim=0),)``.
 * ``y.backward(gradient)`` of a ``Partial(max)`` output (``x.max()`` of a sharded ``x``)
   raised ``NotImplementedError``; a plain one-element gradient raised ``TypeError``.
+* ``CommDebugMode`` had no ``comm_counts`` attribute (PyTorch's own tests index
+  ``comm_mode.comm_counts[funcol.all_gather_into_tensor]``).
 """
 
 from __future__ import annotations
@@ -115,12 +117,43 @@ def check_backward_gradient(rank, world):
     return True
 
 
+def check_comm_counts(rank, world):
+    """``comm_mode.comm_counts[...]`` as PyTorch's test_dtensor reads it (to_local with a
+    Partial gradient hint: one all-gather forward, one reduce-scatter backward)."""
+    import torch.distributed._functional_collectives as funcol
+
+    def run(L):
+        if L.name == "torch":
+            from torch.distributed.tensor.debug import CommDebugMode
+        else:
+            from hyper_shard.debug import CommDebugMode
+        x = L.distribute_tensor(torch.ones(8, 3, requires_grad=True), _m(L, world), [L.Shard(0)])
+        with CommDebugMode() as cm:
+            lo = x.redistribute(placements=[L.Replicate()]).to_local(grad_placements=[L.Partial()])
+            lo.backward(torch.ones_like(lo))
+        c = cm.comm_counts
+        return (
+            c[funcol.all_gather_into_tensor],
+            c[funcol.reduce_scatter_tensor],
+            x.grad.full_tensor(),
+        )
+
+    _both(run, "CommDebugMode.comm_counts")
+    return True
+
+
 def check_all(rank, world):
     return [
         f(rank, world)
-        for f in (check_run_check_shapes, check_factories, check_repr, check_backward_gradient)
+        for f in (
+            check_run_check_shapes,
+            check_factories,
+            check_repr,
+            check_backward_gradient,
+            check_comm_counts,
+        )
     ]
 
 
 def test_dropin_parity(dist2):
-    assert dist2.run(check_all) == [[True] * 4] * 2
+    assert dist2.run(check_all) == [[True] * 5] * 2
