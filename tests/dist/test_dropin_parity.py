@@ -12,6 +12,9 @@ never against numbers of our own.
 * ``repr(dt)`` showed ``placements=(Shard(dim=0))``, not the tuple ``(Shard(dim=0),)``.
 * ``y.backward(gradient)`` of a ``Partial(max)`` output (``x.max()`` of a sharded ``x``)
   raised ``NotImplementedError``; a plain one-element gradient raised ``TypeError``.
+* ``init_device_mesh`` with a shape over more ranks than the world raised a bare
+  ``ValueError`` (PyTorch: ``RuntimeError``); ``"cuda:0"`` (a device index, which PyTorch
+  refuses) made a mesh. Both raise ``MeshError``, a ``ValueError`` and a ``RuntimeError``.
 * ``CommDebugMode`` had no ``comm_counts`` attribute (PyTorch's own tests index
   ``comm_mode.comm_counts[funcol.all_gather_into_tensor]``).
 """
@@ -142,6 +145,13 @@ def check_comm_counts(rank, world):
     return True
 
 
+def check_init_device_mesh_errors(rank, world):
+    """The errors of ``init_device_mesh`` are PyTorch's type (``RuntimeError``)."""
+    _both(lambda L: L.init_device_mesh("cpu", (world + 1,)), "init_device_mesh over too many ranks")
+    _both(lambda L: L.init_device_mesh("cpu:0", (world,)), "init_device_mesh('cpu:0')")
+    return True
+
+
 def check_all(rank, world):
     return [
         f(rank, world)
@@ -151,9 +161,10 @@ def check_all(rank, world):
             check_repr,
             check_backward_gradient,
             check_comm_counts,
+            check_init_device_mesh_errors,
         )
     ]
 
 
 def test_dropin_parity(dist2):
-    assert dist2.run(check_all) == [[True] * 5] * 2
+    assert dist2.run(check_all) == [[True] * 6] * 2
