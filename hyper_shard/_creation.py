@@ -152,6 +152,18 @@ def _layouts_differ(metas: Sequence[tuple]) -> bool:
     return len(orders) > 1
 
 
+def _shapes_differ(metas: Sequence[tuple], placement: Placement) -> bool:
+    """Whether the local shapes of one mesh dim's ranks differ on a tensor dim that mesh dim
+    does not shard (a ``Replicate`` or ``Partial`` mesh dim: on any dim), as PyTorch's
+    ``run_check`` refuses; the sharded dim may differ (uneven ``torch.chunk`` shards)."""
+    shapes = [m[2] for m in metas]
+    n = len(shapes[0])
+    if any(len(s) != n for s in shapes):
+        return True
+    free = placement.dim % n if type(placement) is Shard and n else None
+    return len({tuple(x for d, x in enumerate(s) if d != free) for s in shapes}) > 1
+
+
 def _any_rank(plat: Platform, mesh: DeviceMesh, flag: bool) -> bool:
     """OR of ``flag`` over every rank of the mesh (one object gather per mesh dim)."""
     for m in range(mesh.ndim):
@@ -167,7 +179,8 @@ def check_metadata_collectively(
     shape: tuple[int, ...] | None,
 ) -> None:
     """``from_local(run_check=True)``: every rank of the mesh holds a local tensor of the same
-    dtype, ``requires_grad`` and memory layout (stride order), as PyTorch checks; with a
+    dtype, ``requires_grad``, memory layout (stride order) and shape (but on a dim its mesh
+    dim shards: uneven shards are fine), as PyTorch checks; with a
     global ``shape`` given, each local shape is also its ``torch.chunk`` shard. Every rank
     raises together.
 
@@ -191,6 +204,9 @@ def check_metadata_collectively(
         if _layouts_differ(metas) and "stride" not in " ".join(problems):
             strides = ", ".join(str(x[3]) for x in metas)
             problems.append(f"stride (memory layout: {strides} on mesh dim {m})")
+        if _shapes_differ(metas, placements[m]) and "shape" not in " ".join(problems):
+            shapes = ", ".join(str(x[2]) for x in metas)
+            problems.append(f"shape ({shapes} on mesh dim {m}, {placements[m]})")
     if shape is not None:
         spec = DTensorSpec(mesh, placements, TensorMeta(shape, contiguous_stride(shape), None))
         if tuple(lshape) != spec.local_shape():
@@ -203,7 +219,7 @@ def check_metadata_collectively(
         raise ValueError(
             f"DTensor.from_local(run_check=True): Inconsistent tensor metadata across ranks "
             f"with placements {[str(p) for p in placements]}: {mine}. Make every rank pass a "
-            f"local tensor of the same dtype, requires_grad and layout (e.g. .contiguous())"
+            f"local tensor of the same dtype, requires_grad, shape and layout (e.g. .contiguous())"
         )
 
 

@@ -366,10 +366,10 @@ class DTensor:
 
 def _format(dt: Any) -> str:
     spec = dt._spec
-    pl = ", ".join(repr(p) for p in spec.placements)
+    pl = repr(tuple(spec.placements))  # "(Shard(dim=0),)", as PyTorch DTensor's repr
     local = spec.mesh.platform.local_of(dt)
     return (
-        f"DTensor(local_tensor={local}, device_mesh={spec.mesh}, placements=({pl}), "
+        f"DTensor(local_tensor={local}, device_mesh={spec.mesh}, placements={pl}, "
         f"shape={list(spec.shape)})"
     )
 
@@ -582,7 +582,11 @@ def _factory(
     placements: Sequence[Placement] | None,
     dtype: Any,
     requires_grad: bool,
+    layout: Any = None,
 ) -> Any:
+    if layout is not None and str(layout).rpartition(".")[2] != "strided":
+        # PyTorch DTensor's factories take ``layout=torch.strided`` and refuse any other
+        raise ValueError(f"hyper_shard.{kind}: layout {layout} is not supported (strided only)")
     device_mesh = as_mesh(device_mesh, f"hyper_shard.{kind}")
     if len(size) == 1 and isinstance(size[0], (list, tuple)):
         size = tuple(size[0])
@@ -602,7 +606,7 @@ def _factory(
         rspec = spec.with_placements((Replicate(),) * device_mesh.ndim)
         local = plat.contiguous(_redistribute_plain(plat, full, rspec, spec.placements))
     else:
-        if any(type(p) is Partial for p in spec.placements) and kind != "empty":
+        if any(type(p) is Partial for p in spec.placements) and kind not in ("empty", "zeros"):
             raise ValueError(
                 f"hyper_shard.{kind}: Partial placements are ambiguous for a factory; create it "
                 f"Replicate and redistribute"
@@ -617,9 +621,10 @@ def zeros(
     placements: Sequence[Placement] | None = None,
     dtype: Any = None,
     requires_grad: bool = False,
+    layout: Any = None,
 ) -> Any:
     """A DTensor of zeros with global shape ``size`` (as ``torch.distributed.tensor.zeros``)."""
-    return _factory("zeros", size, 0, device_mesh, placements, dtype, requires_grad)
+    return _factory("zeros", size, 0, device_mesh, placements, dtype, requires_grad, layout)
 
 
 def ones(
@@ -628,9 +633,10 @@ def ones(
     placements: Sequence[Placement] | None = None,
     dtype: Any = None,
     requires_grad: bool = False,
+    layout: Any = None,
 ) -> Any:
     """A DTensor of ones with global shape ``size``."""
-    return _factory("ones", size, 1, device_mesh, placements, dtype, requires_grad)
+    return _factory("ones", size, 1, device_mesh, placements, dtype, requires_grad, layout)
 
 
 def empty(
@@ -639,9 +645,10 @@ def empty(
     placements: Sequence[Placement] | None = None,
     dtype: Any = None,
     requires_grad: bool = False,
+    layout: Any = None,
 ) -> Any:
     """An uninitialised DTensor with global shape ``size``."""
-    return _factory("empty", size, None, device_mesh, placements, dtype, requires_grad)
+    return _factory("empty", size, None, device_mesh, placements, dtype, requires_grad, layout)
 
 
 def full(
@@ -652,9 +659,12 @@ def full(
     placements: Sequence[Placement] | None = None,
     dtype: Any = None,
     requires_grad: bool = False,
+    layout: Any = None,
 ) -> Any:
     """A DTensor filled with ``fill_value``, global shape ``size``."""
-    return _factory("full", tuple(size), fill_value, device_mesh, placements, dtype, requires_grad)
+    return _factory(
+        "full", tuple(size), fill_value, device_mesh, placements, dtype, requires_grad, layout
+    )
 
 
 def rand(
@@ -663,10 +673,11 @@ def rand(
     placements: Sequence[Placement] | None = None,
     dtype: Any = None,
     requires_grad: bool = False,
+    layout: Any = None,
 ) -> Any:
     """Uniform [0, 1) DTensor; equals the single-device ``rand`` for the same seed (every
     rank must share the generator state, as after ``manual_seed`` with one seed)."""
-    return _factory("rand", size, None, device_mesh, placements, dtype, requires_grad)
+    return _factory("rand", size, None, device_mesh, placements, dtype, requires_grad, layout)
 
 
 def randn(
@@ -675,6 +686,7 @@ def randn(
     placements: Sequence[Placement] | None = None,
     dtype: Any = None,
     requires_grad: bool = False,
+    layout: Any = None,
 ) -> Any:
     """Standard-normal DTensor; equals the single-device ``randn`` for the same seed."""
-    return _factory("randn", size, None, device_mesh, placements, dtype, requires_grad)
+    return _factory("randn", size, None, device_mesh, placements, dtype, requires_grad, layout)

@@ -565,17 +565,24 @@ def init_device_mesh(
             surviving rank (docs/troubleshooting.md).
 
     Raises:
-        ValueError: the product of ``mesh_shape`` differs from the world size, or a
-            timeout that is not positive.
+        MeshError: (a ``ValueError`` and, as PyTorch raises there, a ``RuntimeError``) the
+            product of ``mesh_shape`` differs from the world size, or ``device_type`` names
+            a device index (``"cuda:0"``).
+        ValueError: a timeout that is not positive.
         TypeError: a timeout that is neither a timedelta nor a number.
     """
     from .platform.select import get_platform
 
+    if isinstance(device_type, str) and ":" in device_type:
+        raise MeshError(
+            f"init_device_mesh: Device type with index is not supported but got {device_type}; "
+            f"pass the type alone ({device_type.split(':')[0]!r}, or a torch.device's .type)"
+        )
     plat = get_platform(platform, device_type=device_type)
     plat.ensure_initialized(device_type, timeout)
     world = plat.get_world_size()
     if math.prod(mesh_shape) != world:
-        raise ValueError(
+        raise MeshError(
             f"init_device_mesh: mesh_shape {tuple(mesh_shape)} has {math.prod(mesh_shape)} ranks "
             f"but the world has {world}; choose a shape whose product is {world}"
         )

@@ -166,6 +166,12 @@ class CommDebugMode:
         """Every collective counted so far."""
         return self._raw.collectives
 
+    @property
+    def comm_counts(self) -> CollectiveCounts:
+        """The attribute PyTorch's ``CommDebugMode`` keeps its counts in
+        (``comm_mode.comm_counts[funcol.all_gather_into_tensor]``): :meth:`get_comm_counts`."""
+        return self.get_comm_counts()
+
 
 def visualize_sharding(dt: Any, header: str = "", use_rich: bool = False) -> str:
     """A table: for every mesh coordinate, the global index ranges of its local shard

@@ -440,24 +440,38 @@ def _run_backward(outs: tuple, seeds: tuple, opts: dict) -> None:
 
 
 def _seed(self: Any, gradient: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """The local tensor of ``self`` and the local gradient to start its backward with."""
+    """The local tensor of ``self`` and the local gradient to start its backward with.
+
+    A ``Partial`` placement other than ``sum`` (a ``max()`` of a sharded tensor) is reduced
+    first, so the gradient reaches the ranks holding the value. ``gradient`` is a DTensor
+    read by its placements; a plain one-element tensor for a one-element output is taken as
+    ``Replicate`` (as PyTorch takes ``y.backward(torch.tensor(2.0))``)."""
     spec = self._spec
-    plat = _plat(self)
-    if gradient is None:
-        if math.prod(spec.shape) != 1:
-            raise RuntimeError(
-                f"grad can be implicitly created only for scalar outputs; this DTensor has global "
-                f"shape {tuple(spec.shape)}: pass gradient= (a DTensor of that shape)"
+    if gradient is None and math.prod(spec.shape) != 1:
+        raise RuntimeError(
+            f"grad can be implicitly created only for scalar outputs; this DTensor has global "
+            f"shape {tuple(spec.shape)}: pass gradient= (a DTensor of that shape)"
+        )
+    if gradient is not None and not isinstance(gradient, DTensor):
+        if not (
+            isinstance(gradient, torch.Tensor)
+            and gradient.numel() == 1
+            and math.prod(spec.shape) == 1
+        ):
+            raise TypeError(
+                "DTensor.backward(gradient=...): the gradient must be a DTensor with the same "
+                "global shape and mesh (or a one-element tensor for a one-element output)"
             )
-        target = self
-        if any(type(p) is Partial and p.reduce_op != "sum" for p in spec.placements):
-            fix = [
-                Replicate() if type(p) is Partial and p.reduce_op != "sum" else p
-                for p in spec.placements
-            ]
-            target = self.redistribute(spec.mesh, fix)
-        tspec = target._spec
-        local = _local(target)
+    target = self
+    if any(type(p) is Partial and p.reduce_op != "sum" for p in spec.placements):
+        fix = [
+            Replicate() if type(p) is Partial and p.reduce_op != "sum" else p
+            for p in spec.placements
+        ]
+        target = self.redistribute(spec.mesh, fix)
+    tspec = target._spec
+    local = _local(target)
+    if gradient is None:
         with DisableTorchFunctionSubclass():
             seed = torch.ones_like(local)
         coord = tspec.mesh.get_coordinate()
@@ -466,13 +480,13 @@ def _seed(self: Any, gradient: Any) -> tuple[torch.Tensor, torch.Tensor]:
             with DisableTorchFunctionSubclass():
                 seed = torch.zeros_like(local)
         return local, seed
-    if not isinstance(gradient, DTensor):
-        raise TypeError(
-            "DTensor.backward(gradient=...): the gradient must be a DTensor with the same "
-            "global shape and mesh"
-        )
-    local = _local(self)
-    return local, local_derivative(plat, _local(gradient).detach(), gradient._spec.placements, spec)
+    if isinstance(gradient, DTensor):
+        g, g_placements = _local(gradient).detach(), gradient._spec.placements
+    else:
+        with DisableTorchFunctionSubclass():
+            g = gradient.detach().reshape(tuple(tspec.shape)).to(local.device, local.dtype)
+        g_placements = (Replicate(),) * tspec.mesh.ndim
+    return local, local_derivative(_plat(self), g, g_placements, tspec)
 
 
 @_on(torch.autograd.backward)
