@@ -113,7 +113,7 @@ def test_api(ms2):
         for k in ("full", "asnumpy", "np.array"):
             np.testing.assert_array_equal(out[k], X)
         assert out["str"] == out["repr"] and out["str"].startswith("DTensor(local_tensor=")
-        assert "placements=(Shard(dim=0))" in out["str"] and "shape=[5, 4]" in out["str"]
+        assert "placements=(Shard(dim=0),)" in out["str"] and "shape=[5, 4]" in out["str"]
         assert out["item"] == 2.5
         assert out["from_local"][0] == (5, 4)
         np.testing.assert_array_equal(out["from_local"][1], X)
