@@ -21,6 +21,7 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
+from multiprocessing import util as _mp_util
 from typing import Any
 
 __all__ = ["init_process", "finish_process", "spawn", "free_port", "SpawnError"]
@@ -148,6 +149,9 @@ def _entry(fn: Callable, rank: int, world: int, port: int, q: Any, args: tuple, 
     # MindSpore's interpreter teardown takes seconds; the result is all the parent needs
     q.close()
     q.join_thread()
+    # what multiprocessing's own exit runs first: semaphores this rank made (tqdm's lock)
+    # are unlinked, else the parent's resource tracker warns of "leaked semaphore objects"
+    _mp_util._run_finalizers(0)  # type: ignore[attr-defined]
     os._exit(0)
 
 
