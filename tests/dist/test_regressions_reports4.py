@@ -8,6 +8,10 @@ case's comment): #185167, #180486, #144109, #163374, #142190 / #157631, #147724,
 #144286, #147578, #146190, #152717, #149447, #122485, #118461, #191926, #159959, #128699,
 #134050, pytorch/torchtitan#267, PR #120238 / PR #120910, pytorch/torchtitan PR #4637,
 pytorch/torchtitan#2217.
+
+Fixed here: #167917 (``detach_`` of an op's DTensor result raised torch's "Can't detach
+views in-place", and ``aten.detach_.default`` / ``aten.detach.default`` had no binding), in
+:func:`check_fixed`.
 """
 
 from __future__ import annotations
@@ -319,6 +323,30 @@ def check_modules(rank, world):
     return 1
 
 
+def check_fixed(rank, world):
+    mesh = init_device_mesh("cpu", (world,))
+    t = torch.randn(4, 6, generator=_gen(0))
+    # fixed: #167917, aten.detach_.default on a DTensor; here x.detach_() of any op's
+    # result raised "Can't detach views in-place" (the DTensor is an alias of its local
+    # result) and the aten overloads were unbound
+    for pl in (Shard(0), Shard(1), Replicate()):
+        d = distribute_tensor(t, mesh, [pl]).requires_grad_()
+        e = d * 2
+        assert e.detach_() is e
+        assert not e.requires_grad and e.grad_fn is None and e.placements == (pl,)
+        _eq(e, t * 2)
+        f = torch.ops.aten.detach_.default(d * 3)
+        assert not f.requires_grad
+        _eq(f, t * 3)
+        g = torch.ops.aten.detach.default(d)
+        assert not g.requires_grad and g.placements == (pl,)
+        _eq(g, t)
+        leaf = distribute_tensor(t, mesh, [pl]).requires_grad_()
+        leaf.detach_()
+        assert not leaf.requires_grad and leaf.is_leaf
+    return 1
+
+
 def check_mesh_of_4(rank, world):
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     # pytorch/torchtitan#2217: a Replicate RMSNorm weight on a (dp, tp) mesh: its gradient
@@ -346,6 +374,10 @@ def test_reports4_values(dist2):
 
 def test_reports4_modules(dist2):
     assert dist2.run(check_modules) == [1, 1]
+
+
+def test_reports4_fixed(dist2):
+    assert dist2.run(check_fixed) == [1, 1]
 
 
 def test_reports4_mesh_of_4(dist4):
