@@ -10,7 +10,9 @@ case's comment): #185167, #180486, #144109, #163374, #142190 / #157631, #147724,
 pytorch/torchtitan#2217.
 
 Fixed here: #167917 (``detach_`` of an op's DTensor result raised torch's "Can't detach
-views in-place", and ``aten.detach_.default`` / ``aten.detach.default`` had no binding), in
+views in-place", and ``aten.detach_.default`` / ``aten.detach.default`` had no binding) and
+#176076 (a weight tied between two modules of one ``fully_shard([a, b])`` unit was sharded
+for the first module only; the root's call then refused the second one's copy), in
 :func:`check_fixed`.
 """
 
@@ -323,7 +325,21 @@ def check_modules(rank, world):
     return 1
 
 
+class _Tied(nn.Module):
+    def __init__(self, vocab: int = 15, hidden: int = 4) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, hidden)
+        self.mid = nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, vocab, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.mid(self.emb(x))))
+
+
 def check_fixed(rank, world):
+    from hyper_shard.fsdp import fully_shard
+
     mesh = init_device_mesh("cpu", (world,))
     t = torch.randn(4, 6, generator=_gen(0))
     # fixed: #167917, aten.detach_.default on a DTensor; here x.detach_() of any op's
@@ -344,6 +360,33 @@ def check_fixed(rank, world):
         leaf = distribute_tensor(t, mesh, [pl]).requires_grad_()
         leaf.detach_()
         assert not leaf.requires_grad and leaf.is_leaf
+    # fixed: #176076, tied embedding / output weights with vocab 15 on 2 ranks (uneven
+    # shards); PyTorch never updated the last rank's rows. fully_shard([emb, out]) sharded
+    # the tied weight for emb only and the root call refused out's copy; now both modules
+    # share it, and training matches one process in every grouping
+    for group in ("root", "inner", "list"):
+        torch.manual_seed(0)
+        m, r = _Tied(), _Tied()
+        r.load_state_dict(m.state_dict())
+        if group == "inner":
+            fully_shard(m.mid, mesh=mesh)
+        elif group == "list":
+            fully_shard([m.emb, m.out], mesh=mesh)
+        fully_shard(m, mesh=mesh)
+        assert m.out.weight is m.emb.weight
+        opt, ropt = torch.optim.SGD(m.parameters(), lr=0.5), torch.optim.SGD(r.parameters(), lr=0.5)
+        for step in range(3):
+            x = torch.randint(0, 15, (world * 2, 3), generator=_gen(step))
+            y = torch.randint(0, 15, (world * 2, 3), generator=_gen(10 + step))
+            xl, yl = x.chunk(world)[rank], y.chunk(world)[rank]
+            F.cross_entropy(m(xl).flatten(0, 1), yl.flatten()).backward()
+            F.cross_entropy(r(x).flatten(0, 1), y.flatten()).backward()
+            for o in (opt, ropt):
+                o.step()
+                o.zero_grad()
+        sd, rsd = m.state_dict(), r.state_dict()
+        for key, val in rsd.items():
+            _eq(sd[key], val, atol=1e-5, rtol=1e-4)
     return 1
 
 
