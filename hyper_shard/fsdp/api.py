@@ -178,12 +178,16 @@ def fully_shard(
         mesh = _default_mesh(modules[0], fw)
     info = MeshInfo(mesh)
     ignored = set(map(id, ignored_params or ()))
-    params, seen = [], set()
+    params: list[tuple[tuple[str, Any], list[tuple[Any, str]]]] = []
+    seen: dict[int, list[tuple[Any, str]]] = {}
     for m in modules:  # a unit of several modules: their parameters, each once
         for entry in _managed_params(m, fw, ignored):
-            if id(entry[0][1]) not in seen:
-                seen.add(id(entry[0][1]))
+            sites = seen.get(id(entry[0][1]))
+            if sites is None:
+                seen[id(entry[0][1])] = entry[1]
                 params.append(entry)
+            else:  # a weight tied between two of the unit's modules: every site shares it
+                sites.extend(s for s in entry[1] if s not in sites)
     if fw.own_units:  # MindSpore: functional autograd, a unit is a differentiable gather
         device = getattr(mesh.platform, "device", "CPU")
         if isinstance(offload_policy, CPUOffloadPolicy) and device != "CPU":

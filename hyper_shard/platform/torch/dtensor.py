@@ -400,7 +400,7 @@ def _compatible_shallow_copy(args: Any, kwargs: dict) -> bool:
         )
 
 
-@_on(T.detach)
+@_on(T.detach, torch.ops.aten.detach.default)
 def _detach(args: Any, kwargs: dict) -> Any:
     self = args[0]
     with DisableTorchFunctionSubclass():
@@ -408,11 +408,21 @@ def _detach(args: Any, kwargs: dict) -> Any:
     return wrap(d, self._spec)
 
 
-@_on(T.detach_)
+@_on(T.detach_, torch.ops.aten.detach_.default)
 def _detach_(args: Any, kwargs: dict) -> Any:
+    """``x.detach_()``: an op's DTensor result is an autograd alias (a view) of its local
+    result, which torch's ``detach_`` refuses ("Can't detach views in-place"); the object is
+    then given a detached leaf's tensor in place (same storage, same layout, same Python
+    object), as ``detach_`` of the plain result would."""
+    self = args[0]
     with DisableTorchFunctionSubclass():
-        T.detach_(args[0])
-    return args[0]
+        if not (T._is_view(self) and self.requires_grad):
+            T.detach_(self)
+            return self
+        new = make_leaf(self, self._spec, False)
+    new.__dict__.update(self.__dict__)
+    torch.utils.swap_tensors(self, new)
+    return self
 
 
 @_on(T.backward)
