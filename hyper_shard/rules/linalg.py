@@ -147,17 +147,32 @@ class DistOp(DistributedOp):
         return layout
 
 
+class DiagParams(RuleParams):
+    """``max_ndim``: the largest input rank the entry takes (1 for an op that shares
+    torch.diag's 1-D form only, as MindSpore's legacy ``Diag``, whose k-D form builds a
+    2k-D tensor)."""
+
+    max_ndim: Literal[1, 2] = 2
+
+
 @register_rule("diag")
 class DiagOp(DistributedOp):
     """``torch.diag(input, diagonal=0)``: a 1-D input becomes a square matrix with it on
     the ``diagonal``-th diagonal, a 2-D one gives that diagonal (as torch). The diagonal
     couples both dims, so they are gathered; ``Partial(sum|avg)`` passes (it is linear)."""
 
+    Params = DiagParams
     signature = ("input", "diagonal")
     static_args = ("diagonal",)
 
     def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
         x = call.specs[0]
+        if x.ndim > self.params.max_ndim:
+            raise ShardingError(
+                f"{call.describe()}: {call.platform_name} of a {x.ndim}-D input is not "
+                f"torch.diag's (entry {self.name!r} takes 1-D inputs only); gather it "
+                f"(x.full_tensor()) or use a diagonal op on its matrix dims"
+            )
         k = int(call.static.get("diagonal") or 0)
         if x.ndim == 1:
             n = x.shape[0] + abs(k)

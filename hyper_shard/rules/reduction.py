@@ -28,7 +28,12 @@ YAML parameters (see ``op_specs/reduction.yaml``):
   sequence, or None for every dim; ``null`` in YAML: the op always reduces every dim).
 * ``keepdim_arg`` (default ``keepdim``): the argument keeping reduced dims as size 1.
 * ``empty_dims`` (default ``all``): what an empty dims sequence means (``torch.sum(x, ())``
-  reduces every dim, ``torch.all(x, ())`` none).
+  reduces every dim, ``torch.all(x, ())`` none; MindSpore's ``ReduceAll``/``ReduceAny`` and
+  the other legacy ``Reduce*`` every dim).
+* ``gather_unless`` (a mapping, default empty): arguments that, away from the given value,
+  make the reduced dims gathered and Partial inputs reduced first (``{initial: null}`` for
+  MindSpore's ``Tensor.sum(axis, initial=...)``, whose ``initial`` a Partial(sum) output
+  would count once per shard).
 
 Non-reduced dims keep their shards (the shard's tensor dim shifts left past the removed
 dims when ``keepdim`` is False). Exactness on uneven and empty shards:
@@ -123,6 +128,10 @@ class ReductionParams(RuleParams):
     other_arg: str = "other"
     #: tensors the op returns, all of the reduced shape (var_mean: 2; max(x, dim): always 2)
     outputs: int = Field(default=1, ge=1)
+    #: arguments that, given another value than this one, make every reduced dim gathered
+    #: and every Partial input reduced first (``initial: null``: MindSpore's
+    #: ``Tensor.sum(axis, initial=1)`` would add ``initial`` once per shard); static
+    gather_unless: dict[str, Any] = Field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------- pure shape logic
@@ -309,7 +318,8 @@ class ReductionOp(DistributedOp):
         super().__init__(name, params)
         p = self.params
         if p.static_args is None:
-            self.static_names = tuple(n for n in (p.dims_arg, p.keepdim_arg) if n)
+            names = (p.dims_arg, p.keepdim_arg, *p.gather_unless)
+            self.static_names = tuple(n for n in names if n)
         self._pointwise: PointwiseOp | None = None
 
     # -- call analysis ---------------------------------------------------------------
@@ -377,6 +387,9 @@ class ReductionOp(DistributedOp):
         rule = _PARTIAL_RULES.get(op)
         if rule is None or f.indices:
             return None, ()
+        for name, default in self.params.gather_unless.items():
+            if self._arg(call, name) != default:
+                return None, ()  # e.g. an `initial` value: reduce the whole dim locally
         out: str | None = rule[0]
         keep = rule[1]
         dtype = str(call.specs[0].dtype)

@@ -4,7 +4,8 @@ The normalised dim (``dim_arg``, default ``dim``) needs every element of its sli
 rank, so it must be Replicate; every other dim keeps its shard (the output has the input's
 shape, and the same placements). A Partial input is reduced first (softmax is not linear).
 ``dim=None`` (``torch.nn.functional.softmax``'s legacy form) picks torch's implicit dim:
-0 for 0-, 1- and 3-d inputs, else 1.
+0 for 0-, 1- and 3-d inputs, else 1. A one-element sequence ``(d,)`` means ``d`` (MindSpore's
+legacy ``Softmax`` Primitive passes its axis so); a longer one raises ``TypeError``.
 
 Semantics follow ``torch.softmax`` / ``torch.nn.functional.softmax`` (global shapes: the
 output's global and local shapes are the input's).
@@ -31,7 +32,8 @@ class SoftmaxParams(RuleParams):
 
 def softmax_dim(dim: Any, ndim: int) -> int:
     """The normalised dim in ``[0, ndim)`` (``None``: torch's implicit choice, as
-    ``torch.nn.functional._get_softmax_dim``).
+    ``torch.nn.functional._get_softmax_dim``; a one-element sequence: its element, as
+    MindSpore's legacy ``Softmax(axis)`` passes it).
 
     Raises:
         IndexError: ``dim`` out of range.
@@ -39,6 +41,13 @@ def softmax_dim(dim: Any, ndim: int) -> int:
     """
     if dim is None:
         return 0 if ndim in (0, 1, 3) else 1
+    if isinstance(dim, (list, tuple)):  # MindSpore's legacy Softmax(axis) passes (axis,)
+        if len(dim) != 1:
+            raise TypeError(
+                f"dim must be an int or a one-element sequence, got {dim!r}: softmax over "
+                f"several dims is not supported; reshape them into one dim first"
+            )
+        (dim,) = dim
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"dim must be an int or None, got {dim!r}")
     return normalize_dim(dim, ndim)

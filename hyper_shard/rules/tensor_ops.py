@@ -58,12 +58,16 @@ class TensorOpParams(RuleParams):
     tensors the op returns (``sort``: values and indices; ``argsort``: 1). ``linear``: a
     ``scan`` that is linear in its input (``cumsum``), so ``Partial(sum)`` passes through.
     ``copies``: the op returns new tensors where its namesake returns views (the ``*_copy``
-    variants, ``unsafe_split``): in-place writes to a result never reach the input."""
+    variants, ``unsafe_split``): in-place writes to a result never reach the input.
+    ``flatten_none``: a ``scan`` called with dim=None scans the flattened input (numpy's
+    ``cumsum``; torch's needs a dim): every dim is gathered, the output is 1-D."""
 
     kind: str
     outputs: int = Field(default=1, ge=1)
     linear: bool = False
     copies: bool = False
+    #: a ``scan`` whose dim=None scans the flattened input (numpy's ``cumsum(axis=None)``)
+    flatten_none: bool = False
 
     @field_validator("kind")
     @classmethod
@@ -344,10 +348,15 @@ class TensorOp(PlannedOp):
         # cumsum/cumprod/cummax/cummin/logcumsumexp: the scanned dim is gathered; only a
         # linear scan (cumsum) lets Partial(sum) through
         spec = self._one(call)
-        if st.get("dim") is None:
-            raise TypeError(f"{self.name} needs dim")
-        dim = normalize_dim(as_int(st["dim"], "dim"), max(spec.ndim, 1), "dim")
         sums = [p for p in partials_of([spec]) if p.reduce_op == "sum"]
+        if st.get("dim") is None:
+            if not self.params.flatten_none:
+                raise TypeError(f"{self.name} needs dim")
+            # dim=None scans the flattened input (numpy's cumsum): every dim is gathered
+            shape = (math.prod(spec.shape),)
+            n = self.params.outputs
+            return OpPlan([shape] * n, keep_strategies([{}], n, sums if self.params.linear else []))
+        dim = normalize_dim(as_int(st["dim"], "dim"), max(spec.ndim, 1), "dim")
         return self._along(spec, {dim}, spec.shape, sums if self.params.linear else [])
 
     @_KINDS.kind("sort", ("input", "dim", "descending"), ("dim",))

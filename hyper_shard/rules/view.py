@@ -6,7 +6,10 @@ same names. One rule, ``rule: view``, serves them all; its ``kind`` parameter pi
 (``view``, ``reshape``, ``view_as``, ``reshape_as``, ``flatten``, ``unflatten``,
 ``transpose``, ``swapaxes``, ``t``, ``T``, ``mT``, ``permute``, ``movedim``, ``squeeze``,
 ``unsqueeze``, ``expand``, ``expand_as``, ``contiguous``) and with it the canonical
-signature and static args.
+signature and static args. Two kinds follow numpy where it differs from torch:
+``transpose_axes`` (``Tensor.transpose(*axes)``: no axes reverses every dim) and
+``squeeze_axis`` (an empty axis tuple squeezes every size-1 dim); ``flatten_batch`` is
+MindSpore's legacy ``Flatten`` (dim 0 kept, the rest flattened).
 
 How a layout is decided (the dim mapping itself is in :mod:`._view_dims`):
 
@@ -297,6 +300,13 @@ class ViewOp(DistributedOp):
         out = flatten_shape(shape, _arg(st, "start_dim", 0), _arg(st, "end_dim", -1))
         return ViewPlan(reshape_map(shape, out))
 
+    @_KINDS.kind("flatten_batch", ("input",), ())
+    def _plan_flatten_batch(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
+        # MindSpore's legacy Flatten: keeps dim 0 and flattens the rest ((n,) -> (n, 1))
+        if not shape:
+            raise ValueError("Flatten: the input must have at least one dim (got a 0-d tensor)")
+        return ViewPlan(reshape_map(shape, (shape[0], math.prod(shape[1:]))))
+
     @_KINDS.kind("unflatten", ("input", "dim", "sizes"), ("dim", "sizes"))
     def _plan_unflatten(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         if st.get("dim") is None or st.get("sizes") is None:
@@ -345,6 +355,15 @@ class ViewOp(DistributedOp):
             raise TypeError("permute needs 'dims'")
         return ViewPlan(permute_map(shape, check_perm(_seq(st["dims"]), len(shape))))
 
+    @_KINDS.kind("transpose_axes", ("input", "*dims"), ("dims",))
+    def _plan_transpose_axes(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
+        # numpy's (and MindSpore's 1.x) Tensor.transpose(*axes): no axes, or None,
+        # reverses every dim; otherwise as permute
+        dims = st.get("dims")
+        if dims is None or (isinstance(dims, (list, tuple)) and dims in ((), [], (None,))):
+            return ViewPlan(permute_map(shape, tuple(reversed(range(len(shape))))))
+        return ViewPlan(permute_map(shape, check_perm(_seq(dims), len(shape))))
+
     @_KINDS.kind("movedim", ("input", "source", "destination"), ("source", "destination"))
     def _plan_movedim(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         if st.get("source") is None or st.get("destination") is None:
@@ -357,6 +376,23 @@ class ViewOp(DistributedOp):
     def _plan_squeeze(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
         dims = squeeze_dims(shape, st.get("dim"))
         return ViewPlan(squeeze_map(shape, dims), local=lambda ls: ({"dim": dims}, None))
+
+    @_KINDS.kind("squeeze_axis", ("input", "dim|axis"), ("dim",))
+    def _plan_squeeze_axis(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:
+        # numpy's squeeze (MindSpore's Squeeze): an empty axis tuple, like None, squeezes
+        # every size-1 dim. The local call is a reshape to the local output shape (the local
+        # op given the global size-1 dims, or none of them, would also drop a sharded dim
+        # that is size 1 locally)
+        dim = st.get("dim")
+        if isinstance(dim, (list, tuple)) and len(dim) == 0:
+            dim = None
+        dims = squeeze_dims(shape, dim)
+        plat = call.platform
+
+        def local(ls: tuple[int, ...]) -> tuple[None, Callable]:
+            return None, lambda x, *a, **k: plat.reshape(x, ls)
+
+        return ViewPlan(squeeze_map(shape, dims), local=local)
 
     @_KINDS.kind("unsqueeze", ("input", "dim"), ("dim",))
     def _plan_unsqueeze(self, call: OpCall, shape: tuple, st: dict) -> ViewPlan:

@@ -29,6 +29,7 @@ import pytest
 
 from tests.mindspore._samples import FWD_TOL, Originals, Sample, transformer_samples
 from tests.mindspore._samples import rs as _rs
+from tests.mindspore._samples_ms_forms import ms_form_samples
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.multiproc]
 
@@ -51,6 +52,9 @@ NO_CPU_KERNEL: dict[str, str] = {
     ),
     "StackExt": "the kernel StackExt is unregistered on CPU (ops.stack is value-tested)",
     "CumsumExt": "the kernel CumsumExt is unregistered on CPU (ops.cumsum: CumSum)",
+    "TraceExt": "the kernel TraceExt is unregistered on CPU (ops.trace, Tensor.trace are)",
+    "DiagExt": "the kernel DiagExt is unregistered on CPU (ops.diag of a 1-D input is)",
+    "IsNegInf": "the kernel IsNegInf is unregistered on CPU (ops.isneginf is value-tested)",
 }
 
 
@@ -533,7 +537,10 @@ def check_conformance(rank: int, world: int) -> dict:
 
     bind()  # the bound functions' wrappers are installed before the samples are made
     mesh = mesh_1d(world)
-    table = {**samples(), **transformer_samples()}
+    table: dict[str, list[Sample]] = {}
+    for part in (samples(), transformer_samples(), ms_form_samples()):
+        for prim, ss in part.items():
+            table.setdefault(prim, []).extend(ss)
     out: dict = {}
     for prim, entry in sorted(get_registry().names("mindspore").items()):
         row: dict = {"entry": entry.name, "file": os.path.basename(str(entry.file)), "samples": []}

@@ -203,7 +203,8 @@ def check_operators(rank: int, world: int) -> dict:
     s_dt[1] = 5.0
     s_dt[3:, 1] = -2.0
     out["setitem"] = _full(lambda: s_dt)
-    out["unregistered"] = _try(lambda: ops.frac(d))  # its Mod Primitive is unbound
+    # the legacy Tril Primitive is unbound (its diagonal is an attribute; ops.tril is bound)
+    out["unregistered"] = _try(lambda: ops.Tril(1)(d))
     # DTensors inside a tuple argument of a legacy Primitive (MindSpore's C++ hands only
     # top-level DTensors to __fallback__): dispatched, never run on the local shards
     c1 = hs.distribute_tensor(Tensor(X), mesh, [Shard(1)])
@@ -215,11 +216,11 @@ def check_operators(rank: int, world: int) -> dict:
 
     config.fallback = "replicate"  # gather the inputs, run the plain op, warn once
     try:
-        fb = ops.frac(d)
+        fb = ops.Tril(1)(d)
         out["fallback"] = (
             str(fb.placements),
             fb.full_tensor().asnumpy(),
-            ops.frac(Tensor(X)).asnumpy(),
+            ops.Tril(1)(Tensor(X)).asnumpy(),
         )
     finally:
         config.fallback = "error"
@@ -278,7 +279,7 @@ def test_operators(ms2):
         np.testing.assert_allclose(out["setitem"], want)
         assert (
             out["unregistered"].startswith("OpNotRegisteredError")
-            and "'Mod'" in out["unregistered"]
+            and "'Tril'" in out["unregistered"]
         )
         assert out["stack"][0] == "MindSporeDTensor", out["stack"]
         np.testing.assert_allclose(out["stack"][2], np.stack([X, X], 1), rtol=1e-6)

@@ -160,6 +160,11 @@ MISSING_KERNEL_HINTS = {
     "DropoutExt": "use ops.dropout(x, p, training=True)",
     "ArgMaxExt": "use Tensor.argmax",
     "FillScalar": "use ops.full",
+    "ArgSort": "use ops.argsort(x, axis, descending)",
+    "TraceExt": "use ops.trace(x) or Tensor.trace",
+    "DiagExt": "use ops.diag(x) (a 1-D input) or ops.diagonal(x) (a 2-D one)",
+    "CountNonZero": "use ops.count_nonzero(x, axis)",
+    "IsNegInf": "use ops.isneginf(x)",
 }
 
 

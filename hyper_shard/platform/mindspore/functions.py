@@ -11,7 +11,9 @@ functions the op specs name:
   function. When the registry is bound, every loaded ``mindspore*`` module attribute that
   *is* the function (``mindspore.ops.cross_entropy`` is also
   ``mindspore.ops.function.nn_func.cross_entropy`` and ``mindspore.ops.functional...``)
-  is replaced by a thin wrapper, as is the attribute of the function's own module;
+  is replaced by a thin wrapper, as are the attribute of the function's own module and
+  MindSpore's ``tensor_operator_registry`` entries that are the function (the Python
+  ``Tensor`` methods call those: ``Tensor.diff`` is the registry's ``diff``);
 * the wrapper passes plain calls straight to the original function (one scan of the
   arguments, and of a tuple or list argument's items, for a DTensor, well under a
   microsecond); a call with a DTensor argument (or a DTensor inside one) is
@@ -147,6 +149,14 @@ def install(names: Iterable[str], dt_type: type) -> None:
             hit = pending.get(id(value))
             if hit is not None and hit[0] is value:
                 setattr(mod, attr, hit[1])
+    # Tensor methods written in Python look functions up in MindSpore's
+    # tensor_operator_registry (Tensor.diff calls the registry's 'diff'): its entries too
+    reg_mod = sys.modules.get("mindspore.common._register_for_tensor")
+    registry = getattr(reg_mod, "tensor_operator_registry", None)
+    for attr, value in list(getattr(registry, "__dict__", {}).items()):
+        hit = pending.get(id(value))
+        if hit is not None and hit[0] is value:
+            setattr(registry, attr, hit[1])
     for name, wrapper in own:  # the function's own module (hyper_shard's functions too)
         mod_name, _, attr = name.rpartition(".")
         owner = sys.modules.get(mod_name)
