@@ -18,6 +18,8 @@ from ...redistribute.cost import COLLECTIVES
 from ...spec import TensorMeta, contiguous_stride
 from ..base import GroupRanks, Platform
 from ..timeouts import explicit_timeout, resolve_timeout
+from . import functional_comm as _fc
+from .compiled_state import _TRACING, TracedDTensor as _TracedDTensor
 
 __all__ = ["TorchPlatform", "TorchGroup"]
 
@@ -393,6 +395,8 @@ class TorchPlatform(Platform):
     # ------------------------------------------------------------ collectives
     # gloo has no int16 kernels: such tensors travel as int32 (sums wrap the same way)
     def all_gather(self, t: torch.Tensor, group: TorchGroup, n: int) -> list[torch.Tensor]:
+        if _TRACING[0]:
+            return _fc.all_gather(t, group, n)
         if t.dtype is torch.int16:
             return [x.to(torch.int16) for x in self.all_gather(t.int(), group, n)]
         shape = tuple(t.shape)
@@ -407,6 +411,8 @@ class TorchPlatform(Platform):
         return group.to_coord_order(list(buf.unbind(0)))
 
     def all_reduce(self, t: torch.Tensor, op: str, group: TorchGroup) -> torch.Tensor:
+        if _TRACING[0]:
+            return _fc.all_reduce(t, op, group)
         if t.dtype is torch.int16:
             return self.all_reduce(t.int(), op, group).to(torch.int16)
         out = t.contiguous().clone()
@@ -424,6 +430,8 @@ class TorchPlatform(Platform):
     def reduce_scatter(
         self, pieces: Sequence[torch.Tensor], op: str, group: TorchGroup
     ) -> torch.Tensor:
+        if _TRACING[0]:
+            return _fc.reduce_scatter(pieces, op, group)
         if pieces and pieces[0].dtype is torch.int16:
             return self.reduce_scatter([p.int() for p in pieces], op, group).to(torch.int16)
         inp = torch.stack(group.to_group_order(pieces))
@@ -440,6 +448,8 @@ class TorchPlatform(Platform):
         return out
 
     def all_to_all(self, pieces: Sequence[torch.Tensor], group: TorchGroup) -> list[torch.Tensor]:
+        if _TRACING[0]:
+            return _fc.all_to_all(pieces, group)
         if pieces and pieces[0].dtype is torch.int16:
             return [x.to(torch.int16) for x in self.all_to_all([p.int() for p in pieces], group)]
         inp = torch.stack(group.to_group_order(pieces))
@@ -453,6 +463,8 @@ class TorchPlatform(Platform):
         return group.to_coord_order(list(out.unbind(0)))
 
     def broadcast(self, t: torch.Tensor, src_group_rank: int, group: TorchGroup) -> torch.Tensor:
+        if _TRACING[0]:
+            return _fc.broadcast(t, src_group_rank, group)
         if t.dtype is torch.int16:
             return self.broadcast(t.int(), src_group_rank, group).to(torch.int16)
         out = t.contiguous().clone()
@@ -592,6 +604,9 @@ class TorchPlatform(Platform):
             return _Alias.apply(x, bwd)
 
     def shares_storage(self, a: Any, b: Any) -> bool:
+        if _TRACING[0]:  # fake tensors have no data pointer
+            with DisableTorchFunctionSubclass():
+                return a is b or bool(torch._C._is_alias_of(a, b))
         with DisableTorchFunctionSubclass():
             return bool(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
 
@@ -617,16 +632,22 @@ class TorchPlatform(Platform):
             return bool(t.requires_grad) and torch.is_grad_enabled()
 
     def wrap(self, local: torch.Tensor, spec: Any) -> Any:
+        if _TRACING[0]:
+            return _TracedDTensor(local, spec)
         from .dtensor import wrap
 
         return wrap(local, spec)
 
     def make_leaf(self, local: torch.Tensor, spec: Any, requires_grad: bool) -> Any:
+        if _TRACING[0]:
+            return _TracedDTensor(local, spec)
         from .dtensor import make_leaf
 
         return make_leaf(local, spec, requires_grad)
 
     def local_of(self, dt: Any) -> torch.Tensor:
+        if type(dt) is _TracedDTensor:
+            return dt._local  # type: ignore[no-any-return]
         with DisableTorchFunctionSubclass():
             return dt.as_subclass(torch.Tensor)
 

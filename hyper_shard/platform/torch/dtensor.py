@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.compiler as _compiler
 from torch._C import DisableTorchFunctionSubclass
 
 from ...dtensor import DTensor, local_derivative, redistribute_local
@@ -36,10 +37,54 @@ class TorchDTensor(DTensor, torch.Tensor):  # type: ignore[misc]
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if _compiler._is_compiling_flag:  # under torch.compile: [Note: compiled DTensor]
+            if _compiler.is_dynamo_compiling():  # dynamo is tracing this call
+                return _compiled.torch_function(func, args, kwargs or {})
+            return _compiled.python_level(func, args, kwargs or {})
         h = PROTOCOL_HANDLERS.get(func)
         if h is not None:
             return h(args, kwargs or {})
         return _dm.torch_dispatch(func, args, kwargs or {})
+
+    # the DTensor API inside a compiled region: one nonstrict call each ([Note: compiled
+    # DTensor] in platform/torch/compiled.py); eager calls take the neutral methods
+    def redistribute(
+        self,
+        device_mesh: Any = None,
+        placements: Any = None,
+        *,
+        async_op: bool = False,
+        forward_dtype: Any = None,
+        backward_dtype: Any = None,
+    ) -> Any:
+        if _compiler.is_dynamo_compiling():
+            mesh = self._spec.mesh if device_mesh is None else device_mesh
+            pl = self._spec.placements if placements is None else placements
+            return _compiled.api_call(
+                "redistribute",
+                (self, mesh, _compiled.encode_placements(pl), async_op, forward_dtype,
+                 backward_dtype),
+            )  # fmt: skip
+        return DTensor.redistribute(
+            self,
+            device_mesh,
+            placements,
+            async_op=async_op,
+            forward_dtype=forward_dtype,
+            backward_dtype=backward_dtype,
+        )
+
+    def to_local(self, *, grad_placements: Any = None) -> Any:
+        if _compiler.is_dynamo_compiling():
+            gp = None if grad_placements is None else _compiled.encode_placements(grad_placements)
+            return _compiled.api_call("to_local", (self, gp))
+        return DTensor.to_local(self, grad_placements=grad_placements)
+
+    def full_tensor(self, *, grad_placements: Any = None) -> Any:
+        if _compiler.is_dynamo_compiling():
+            gp = None if grad_placements is None else _compiled.encode_placements(grad_placements)
+            return _compiled.api_call("full_tensor", (self, gp))
+        return DTensor.full_tensor(self, grad_placements=grad_placements)
 
     # torch.distributed.checkpoint's tensor-subclass protocol (see platform/torch/dcp.py)
     def __create_write_items__(self, fqn: str, object: Any) -> list[Any]:
@@ -766,6 +811,7 @@ for _aten, _m in (
         PROTOCOL_HANDLERS.setdefault(_f, PROTOCOL_HANDLERS[_m])
 
 
+from . import compiled as _compiled  # noqa: E402  (compiled imports the dispatcher)
 from . import dispatch as _dm  # noqa: E402  (dispatch imports this module's class)
 from . import inplace_views as _inplace_views  # noqa: E402,F401  (registers its handlers)
 from .state_dict_utils import install as _install_state_dict_utils  # noqa: E402

@@ -1,0 +1,426 @@
+"""hyper_shard DTensors under ``torch.compile``: dispatch at trace time, local kernels and
+functional collectives in the graph.
+
+[Note: compiled DTensor] The eager DTensor *is* its local shard (an ``as_subclass`` alias
+whose ``__torch_function__`` reports the global shape), so autograd runs on local tensors.
+Dynamo traces such a subclass by inlining its ``__torch_function__``; this module gives
+that inlining three short paths (chosen in :meth:`TorchDTensor.__torch_function__`):
+
+* metadata a user reads (``x.shape``, ``x.size()``, ``x.stride()``, ``x.numel()``...) is the
+  *global* metadata, read from the spec (a guarded constant);
+* every other call — an op, or the DTensor API (``redistribute``, ``to_local``,
+  ``full_tensor``, ``from_local``) — is one ``torch._dynamo.nonstrict_trace`` call: dynamo
+  does not trace our dispatcher, AOTAutograd runs it in Python on the local fake tensors
+  (:data:`TRACE_DISPATCHER`, the same registry, rules, layout cache and planner as eager,
+  with :class:`TracedDTensor` boxes around the local fakes). What it records is the local
+  computation: local kernels, the redistribution plan's collectives as
+  ``_c10d_functional`` ops with an explicit ``wait_tensor`` (:func:`tracing` switches the
+  platform's collectives to them), and the collectives' custom backward;
+* while dynamo *builds* its fake tensors and guards (Python-level calls during a compile,
+  :func:`python_level`), a DTensor is its local tensor: sizes, strides and storage are the
+  local ones, the same the C++ guards check at run time.
+
+Specs go into the nonstrict call as pytree constants (guarded by equality: a second step
+with equal placements and shapes does not recompile, a different placement does), and come
+out as small interned ints (:data:`_SPECS`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch._C import DisableTorchFunctionSubclass
+
+from ...dispatch.dispatcher import Dispatcher
+from ...dispatch.op import BoundOp, Decision
+from ...dtensor import DTensor
+from ...mesh import DeviceMesh
+from ...placement import Partial, Placement, Replicate, Shard
+from ...spec import DTensorSpec
+
+__all__ = ["TracedDTensor", "TRACE_DISPATCHER", "tracing", "is_tracing"]
+
+from .compiled_state import _TRACING, TracedDTensor, is_tracing, tracing  # noqa: F401
+
+
+def _is_traced(x: Any) -> bool:
+    return type(x) is TracedDTensor
+
+
+def _unbox(x: Any) -> Any:
+    t = type(x)
+    if t is TracedDTensor:
+        return x._local
+    if t in (list, tuple):
+        return t(_unbox(a) for a in x)
+    return x
+
+
+def _run_local(fn: Any, args: tuple, kwargs: dict) -> Any:
+    a = tuple(_unbox(x) for x in args)
+    k = {n: _unbox(v) for n, v in kwargs.items()} if kwargs else kwargs
+    with DisableTorchFunctionSubclass():
+        return fn(*a, **k)
+
+
+def _wrap_outputs(out: Any, dec: Decision) -> Any:
+    if isinstance(out, torch.Tensor):
+        if dec.outputs and dec.outputs[0] is None:
+            return out
+        return TracedDTensor(out, dec.out_spec(0, out.dtype, out.element_size()))
+    if isinstance(out, (tuple, list)):
+        items = []
+        i = 0
+        for x in out:
+            if isinstance(x, torch.Tensor):
+                if dec.self_wrapped or (i < len(dec.outputs) and dec.outputs[i] is None):
+                    items.append(x)
+                else:
+                    items.append(TracedDTensor(x, dec.out_spec(i, x.dtype, x.element_size())))
+                i += 1
+            else:
+                items.append(x)
+        return type(out)(items)
+    return out
+
+
+def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
+    return _wrap_outputs(_run_local(fn, args, kwargs), dec)
+
+
+_TRACE_TABLE: dict[Any, BoundOp | None] = {}
+
+
+def _trace_lookup(func: Any) -> BoundOp | None:
+    if func in _TRACE_TABLE:
+        return _TRACE_TABLE[func]
+    from .dispatch import _lookup
+
+    eager = _lookup(func)
+    bound = None
+    if eager is not None:
+        bound = BoundOp(
+            eager.op,
+            eager.name,
+            inplace=eager.inplace,
+            reflected=eager.reflected,
+            is_dtensor=_is_traced,
+            tensor_type=torch.Tensor,
+            dt_type=TracedDTensor,
+        )
+    _TRACE_TABLE[func] = bound
+    return bound
+
+
+def _on_reload(reg: Any) -> None:
+    _TRACE_TABLE.clear()
+
+
+def _platform() -> Any:
+    from ..select import get_platform
+
+    return get_platform("torch")
+
+
+def _name_of(func: Any) -> str:
+    from .names import torch_op_name
+
+    return torch_op_name(func)
+
+
+def _decompose(func: Any) -> Any:
+    from .dispatch import _decompose as eager_decompose
+
+    return eager_decompose(func)
+
+
+#: the dispatcher a compiled region's trace runs: the eager one's rules, cache and planner,
+#: on :class:`TracedDTensor` boxes
+TRACE_DISPATCHER = Dispatcher(
+    _platform,
+    bound_of=lambda f: _TRACE_TABLE.get(f),
+    lookup=_trace_lookup,
+    name_of=_name_of,
+    run_local=_run_local,
+    run_wrap=_run_wrap,
+    wrap_outputs=_wrap_outputs,
+    is_dtensor=_is_traced,
+    decompose=_decompose,
+)
+
+
+# ---------------------------------------------------------------------- interned values
+#: (function or API name, argument skeleton) of every traced call site, by id: the
+#: skeleton is the call's arguments with each tensor replaced by :data:`_HOLE`
+_CALLS: list[tuple[Any, Any]] = []
+_CALL_IDS: dict[Any, int] = {}
+_SPECS: list[DTensorSpec] = []
+_SPEC_IDS: dict[DTensorSpec, int] = {}
+_HOLE = "\x00hyper_shard.tensor"
+
+
+@torch._dynamo.assume_constant_result
+def _call_id(func: Any, skeleton: Any) -> int:
+    """Intern one call site's function and constant arguments (run by dynamo at trace time,
+    the result a constant of the graph: no runtime cost)."""
+    key = (func, _freeze(skeleton))
+    i = _CALL_IDS.get(key)
+    if i is None:
+        i = _CALL_IDS[key] = len(_CALLS)
+        _CALLS.append((func, skeleton))
+    return i
+
+
+def _freeze(x: Any) -> Any:
+    if type(x) in (list, tuple):
+        return (type(x), tuple(_freeze(a) for a in x))
+    if type(x) is dict:
+        return (dict, tuple((k, _freeze(v)) for k, v in x.items()))
+    if type(x) is slice:
+        return (slice, x.start, x.stop, x.step)
+    return x
+
+
+class _SpecTable:
+    """Every interned output spec as an attribute ``s<id>``: dynamo reads each through a
+    source of its own (a global list would be read once per trace and go stale while the
+    trace interns new specs)."""
+
+
+_SPEC_TABLE = _SpecTable()
+
+
+def _spec_id(spec: DTensorSpec) -> int:
+    i = _SPEC_IDS.get(spec)
+    if i is None:
+        i = _SPEC_IDS[spec] = len(_SPECS)
+        _SPECS.append(spec)
+        setattr(_SPEC_TABLE, f"s{i}", spec)
+    return i
+
+
+pytree.register_constant(DTensorSpec)
+pytree.register_constant(DeviceMesh)
+# AOTAutograd's first-call check of custom ops' aliasing runs the graph under a dispatch
+# mode that refuses tensor subclasses it does not know, and a compiled region's inputs are
+# DTensors (each one its local tensor to the graph's aten ops): the check is a debugging
+# aid, off for hyper_shard's regions (a custom op's aliasing is not checked then)
+torch._functorch.config.check_custom_op_aliasing = False
+
+
+# ---------------------------------------------------------------------- the nonstrict call
+def _fill(skeleton: Any, tensors: list, specs: tuple, pos: list) -> Any:
+    """The skeleton's holes refilled: a tensor that was a DTensor (a spec in ``specs``)
+    becomes a :class:`TracedDTensor` box, a plain one stays plain."""
+    t = type(skeleton)
+    if t is str and skeleton == _HOLE:
+        i = pos[0]
+        pos[0] += 1
+        a, s = tensors[i], specs[i]
+        if s is False:
+            return a
+        if isinstance(a, DTensor):  # backend="eager": the real DTensor arrives
+            with DisableTorchFunctionSubclass():
+                a = a.as_subclass(torch.Tensor)
+        return TracedDTensor(a, s)
+    if t in (list, tuple):
+        return t(_fill(x, tensors, specs, pos) for x in skeleton)
+    if t is dict:
+        return {k: _fill(v, tensors, specs, pos) for k, v in skeleton.items()}
+    return skeleton
+
+
+def _unbox_outputs(out: Any) -> tuple[Any, tuple[int, ...]]:
+    flat, tree = pytree.tree_flatten(out, is_leaf=_is_traced)
+    ids = []
+    res = []
+    for o in flat:
+        if type(o) is TracedDTensor:
+            ids.append(_spec_id(o._spec))
+            res.append(o._local)
+        elif isinstance(o, DTensor):  # backend="eager": a real DTensor
+            ids.append(_spec_id(o._spec))
+            with DisableTorchFunctionSubclass():
+                res.append(o.as_subclass(torch.Tensor))
+        else:
+            ids.append(-1)
+            res.append(o)
+    return pytree.tree_unflatten(res, tree), tuple(ids)
+
+
+@torch._dynamo.nonstrict_trace
+def _traced_call(cid: int, specs: tuple, tensors: list) -> Any:
+    func, skeleton = _CALLS[cid]
+    with tracing():
+        args, kwargs = _fill(skeleton, tensors, specs, [0])
+        if isinstance(func, str):
+            out = _API[func](*args, **kwargs)
+        else:
+            out = TRACE_DISPATCHER.dispatch(func, args, kwargs)
+        return _unbox_outputs(out)
+
+
+def _api_redistribute(x: Any, mesh: Any, pl: tuple, async_op: bool, fdt: Any, bdt: Any) -> Any:
+    return DTensor.redistribute(
+        x,
+        mesh,
+        [_decode(p) for p in pl],
+        async_op=async_op,
+        forward_dtype=fdt,
+        backward_dtype=bdt,
+    )
+
+
+def _api_to_local(x: Any, gp: tuple | None) -> Any:
+    return DTensor.to_local(x, grad_placements=None if gp is None else [_decode(p) for p in gp])
+
+
+def _api_full_tensor(x: Any, gp: tuple | None) -> Any:
+    return DTensor.full_tensor(
+        x, grad_placements=None if gp is None else [_decode(p) for p in gp]
+    )
+
+
+_API = {
+    "redistribute": _api_redistribute,
+    "to_local": _api_to_local,
+    "full_tensor": _api_full_tensor,
+}
+
+
+# ---------------------------------------------------------------------- dynamo-land side
+def _encode(p: Placement) -> tuple:
+    """A placement as a tuple of primitives (a placement built inside the compiled region
+    is no constant dynamo can hand over)."""
+    if type(p) is Shard:
+        return ("S", p.dim)
+    if type(p) is Partial:
+        return ("P", p.reduce_op)
+    return ("R",)
+
+
+def _decode(code: tuple) -> Placement:
+    if code[0] == "S":
+        return Shard(code[1])
+    if code[0] == "P":
+        return Partial(code[1])
+    return Replicate()
+
+
+def _skeleton(x: Any, tensors: list) -> Any:
+    """``x`` with every tensor replaced by :data:`_HOLE` (collected into ``tensors``);
+    written without pytree, which dynamo would trace call by call."""
+    if isinstance(x, torch.Tensor):
+        tensors.append(x)
+        return _HOLE
+    t = type(x)
+    if t in (list, tuple):
+        return t(_skeleton(a, tensors) for a in x)
+    if t is dict:
+        return {k: _skeleton(v, tensors) for k, v in x.items()}
+    return x
+
+
+def _rewrap_one(o: Any, ids: tuple, pos: list) -> Any:
+    from .dtensor import TorchDTensor
+
+    if type(o) in (list, tuple):
+        return type(o)(_rewrap_one(a, ids, pos) for a in o)
+    i = ids[pos[0]]
+    pos[0] += 1
+    if i >= 0:
+        o = o.as_subclass(TorchDTensor)
+        o._spec = getattr(_SPEC_TABLE, "s" + str(i))
+    return o
+
+
+def _call(func: Any, args: Any, kwargs: dict) -> Any:
+    from .dtensor import TorchDTensor
+
+    tensors: list = []
+    skeleton = _skeleton((args, kwargs), tensors)
+    specs = tuple(t._spec if isinstance(t, TorchDTensor) else False for t in tensors)
+    out, ids = _traced_call(_call_id(func, skeleton) + 0, specs, tensors)
+    return _rewrap_one(out, ids, [0])
+
+
+def torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``TorchDTensor.__torch_function__`` as dynamo traces it (see the module note)."""
+    h = TRACED_HANDLERS.get(func)
+    if h is not None:
+        return h(args, kwargs)
+    return _call(func, args, kwargs)
+
+
+def api_call(name: str, args: tuple) -> Any:
+    """A DTensor API method called inside a compiled region (one nonstrict call)."""
+    return _call(name, args, {})
+
+
+def encode_placements(placements: Any) -> tuple:
+    return tuple(_encode(p) for p in placements)
+
+
+T: Any = torch.Tensor
+
+
+def _g_shape(args: Any, kwargs: dict) -> Any:
+    return torch.Size(args[0]._spec.shape)
+
+
+def _g_size(args: Any, kwargs: dict) -> Any:
+    shape = args[0]._spec.shape
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    if dim is None:
+        return torch.Size(shape)
+    return shape[dim]
+
+
+def _g_dim(args: Any, kwargs: dict) -> int:
+    return len(args[0]._spec.shape)
+
+
+def _g_numel(args: Any, kwargs: dict) -> int:
+    n = 1
+    for s in args[0]._spec.shape:
+        n *= s
+    return n
+
+
+def _g_len(args: Any, kwargs: dict) -> int:
+    return args[0]._spec.shape[0]
+
+
+def _passthrough(func: Any) -> Any:
+    def h(args: Any, kwargs: dict) -> Any:
+        with DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+    return h
+
+
+#: metadata answered in dynamo-land without a nonstrict call
+TRACED_HANDLERS: dict[Any, Any] = {
+    T.shape.__get__: _g_shape,
+    T.size: _g_size,
+    T.dim: _g_dim,
+    T.ndimension: _g_dim,
+    T.ndim.__get__: _g_dim,
+    T.numel: _g_numel,
+    T.nelement: _g_numel,
+    torch.numel: _g_numel,
+    T.__len__: _g_len,
+}
+for _n in ("dtype", "device", "requires_grad", "is_leaf", "grad_fn", "layout", "is_cuda"):
+    TRACED_HANDLERS[getattr(T, _n).__get__] = _passthrough(getattr(T, _n).__get__)
+for _n in ("is_floating_point", "is_complex", "element_size", "get_device"):
+    TRACED_HANDLERS[getattr(T, _n)] = _passthrough(getattr(T, _n))
+
+
+def python_level(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A call dynamo makes in Python while it compiles (building fake tensors and guards):
+    the DTensor answers as its local tensor (see the module note)."""
+    with DisableTorchFunctionSubclass():
+        return func(*args, **kwargs)

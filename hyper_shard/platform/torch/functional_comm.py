@@ -1,0 +1,71 @@
+"""The torch platform's collectives while a compiled region is traced: ``_c10d_functional``
+ops (out of place, one ``wait_tensor`` each), so the graph holds the collectives and the
+compiler may move them against compute ([Note: compiled DTensor] in ``compiled.py``).
+
+Same contract as the eager ones in ``platform/torch/__init__.py`` (pieces in mesh
+coordinate order, ``avg`` as sum then divide); all-to-all is composed from an all-gather,
+which every backend has (gloo has no all-to-all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+_F = torch.ops._c10d_functional
+_OPS = {"sum": "sum", "avg": "sum", "max": "max", "min": "min", "prod": "product"}
+
+
+def _name(group: Any) -> str:
+    return str(group.pg.group_name)
+
+
+def all_gather(t: torch.Tensor, group: Any, n: int) -> list[torch.Tensor]:
+    """``n`` pieces of shape ``t.shape``, one per group member, in coordinate order."""
+    shape = tuple(t.shape)
+    flat = t.contiguous().reshape(1, -1)
+    out = _F.wait_tensor(_F.all_gather_into_tensor(flat, n, _name(group)))
+    pieces = [p.reshape(shape) for p in out.unbind(0)]
+    return group.to_coord_order(pieces)  # type: ignore[no-any-return]
+
+
+def all_reduce(t: torch.Tensor, op: str, group: Any) -> torch.Tensor:
+    out = _F.wait_tensor(_F.all_reduce(t.contiguous(), _OPS[op], _name(group)))
+    if op == "avg":
+        n = len(group.ranks)
+        out = out / n if out.is_floating_point() else out // n
+    return out  # type: ignore[no-any-return]
+
+
+def reduce_scatter(pieces: Sequence[torch.Tensor], op: str, group: Any) -> torch.Tensor:
+    """This member's piece of the elementwise reduction of every member's ``pieces``."""
+    n = len(group.ranks)
+    shape = tuple(pieces[0].shape)
+    inp = torch.stack([p.contiguous() for p in group.to_group_order(list(pieces))])
+    out = _F.wait_tensor(_F.reduce_scatter_tensor(inp.reshape(n, -1), _OPS[op], n, _name(group)))
+    out = out.reshape(shape)
+    if op == "avg":
+        out = out / n
+    return out  # type: ignore[no-any-return]
+
+
+def all_to_all(pieces: Sequence[torch.Tensor], group: Any) -> list[torch.Tensor]:
+    """Piece ``j`` of every member, for this member ``j`` (composed: an all-gather of every
+    member's pieces, then this member's column)."""
+    n = len(group.ranks)
+    ordered = group.to_group_order(list(pieces))
+    shape = tuple(ordered[0].shape)
+    stacked = torch.stack([p.contiguous() for p in ordered]).reshape(1, -1)
+    out = _F.wait_tensor(_F.all_gather_into_tensor(stacked, n, _name(group)))
+    rows = out.reshape(n, n, *shape)  # [source member][target member]
+    me = torch.distributed.get_group_rank(group.pg, torch.distributed.get_rank())
+    got = [rows[src, me] for src in range(n)]
+    return group.to_coord_order(got)  # type: ignore[no-any-return]
+
+
+def broadcast(t: torch.Tensor, src_group_rank: int, group: Any) -> torch.Tensor:
+    src = group.ranks[src_group_rank]
+    out = _F.wait_tensor(_F.broadcast(t.contiguous(), src, _name(group)))
+    return out  # type: ignore[no-any-return]
