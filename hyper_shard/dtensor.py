@@ -49,6 +49,14 @@ __all__ = [
 ]
 
 
+#: [Note: compiled DTensor API] a platform whose compiler traces DTensor code installs
+#: ``(is_tracing, call)`` here (torch: ``platform/torch/compiled.py``): while
+#: ``is_tracing()`` (dynamo is tracing the caller), ``from_local`` / ``to_local`` /
+#: ``full_tensor`` / ``redistribute`` become ``call(name, *args)``, one opaque call the
+#: compiler records, instead of Python it would trace line by line.
+COMPILED_API: list[Any] = []
+
+
 class DTensor:
     """A global tensor laid out over a DeviceMesh by one placement per mesh dim.
 
@@ -120,6 +128,11 @@ class DTensor:
                 raise; pass ``run_check=True`` to make every rank raise together, so no rank
                 goes on to a collective the others never join.
         """
+        if COMPILED_API and COMPILED_API[0]():
+            return COMPILED_API[1](
+                "from_local", local_tensor, device_mesh, placements, run_check, shape, stride,
+                grad_placements,
+            )  # fmt: skip
         from . import _creation as C
         from .platform.select import platform_of_tensor
 
@@ -138,7 +151,12 @@ class DTensor:
         C.check_shape_stride_pair(plat, shape, stride)
         shape_given = shape is not None
         inside = device_mesh.get_coordinate() is not None
-        if shape is None and inside and any(type(p) is Shard for p in placements):
+        if (
+            shape is None
+            and inside
+            and any(type(p) is Shard for p in placements)
+            and not plat.tracing()  # a compiled region assumes even shards, as PyTorch
+        ):
             shape = C.infer_global_shape(plat, device_mesh, placements, local_shape)
         elif shape is None:
             shape = C.even_global_shape(device_mesh, placements, local_shape)
@@ -210,6 +228,8 @@ class DTensor:
         Returns:
             The local shard (local shape), autograd-connected to this DTensor.
         """
+        if COMPILED_API and COMPILED_API[0]():
+            return COMPILED_API[1]("to_local", self, grad_placements)
         plat = self._spec.mesh.platform
         local = plat.local_of(self)
         if not plat.requires_grad(local):
@@ -236,6 +256,8 @@ class DTensor:
         gradient form: a Replicate gradient needs no communication (Shard sources keep their
         chunk, Replicate sources keep it on coordinate 0), as in PyTorch.
         """
+        if COMPILED_API and COMPILED_API[0]():
+            return COMPILED_API[1]("full_tensor", self, grad_placements)
         spec = self._spec
         mesh = spec.mesh
         plat = mesh.platform
@@ -305,6 +327,11 @@ class DTensor:
             ValueError: another mesh (cross-mesh redistribution is not supported), or
                 placements that do not fit the mesh/tensor.
         """
+        if COMPILED_API and COMPILED_API[0]():
+            return COMPILED_API[1](
+                "redistribute", self, device_mesh, placements, async_op, forward_dtype,
+                backward_dtype,
+            )  # fmt: skip
         spec = self._spec
         if device_mesh is not None and as_mesh(device_mesh, "redistribute") != spec.mesh:
             raise ValueError(

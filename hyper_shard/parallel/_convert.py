@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..dtensor import DTensor, _from_local_backward, redistribute_local
+from ..dtensor import COMPILED_API, DTensor, _from_local_backward, redistribute_local
 from ..mesh import DeviceMesh
 from ..placement import Placement, Replicate, Shard, normalize_placements
 from ..spec import DTensorSpec
@@ -68,6 +68,8 @@ def from_local_even(
         gradient as PyTorch's ``from_local`` gives it (``Replicate``: the whole gradient, an
         all-reduce of the per-rank contributions; ``Shard``: its shard).
     """
+    if COMPILED_API and COMPILED_API[0]():  # a compiled region: one traced from_local
+        return _from_local_traced(local, mesh, placements, dim_size)
     plat = mesh.platform
     grad = plat.requires_grad(local)
     placements = tuple(placements)
@@ -126,8 +128,28 @@ def from_local_even(
     return out
 
 
+def _from_local_traced(
+    local: Any, mesh: DeviceMesh, placements: Sequence[Placement], dim_size: Any
+) -> Any:
+    """:func:`from_local_even` inside a compiled region: ``DTensor.from_local`` with the
+    even global shape (no cache, no collective)."""
+    shape = list(local.shape)
+    pl = normalize_placements(tuple(placements), mesh.ndim, len(shape))
+    for m, p in enumerate(pl):
+        if type(p) is Shard:
+            shape[p.dim] *= mesh.shape[m]
+    if dim_size is not None:
+        shape[dim_size[0] % len(shape)] = dim_size[1]
+    stride = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        stride[i] = stride[i + 1] * max(shape[i + 1], 1)
+    return DTensor.from_local(local, mesh, pl, shape=tuple(shape), stride=tuple(stride))
+
+
 def redistribute(dt: Any, placements: Sequence[Placement]) -> Any:
     """``dt.redistribute(dt.device_mesh, placements)`` with the target spec cached."""
+    if COMPILED_API and COMPILED_API[0]():
+        return DTensor.redistribute(dt, dt._spec.mesh, placements)
     spec = dt._spec
     ck = (spec, tuple(placements))
     dst = _TARGETS.get(ck)
@@ -146,6 +168,8 @@ def to_local(dt: Any) -> Any:
     """``dt.to_local()`` (the gradient arriving at the local tensor is read with the
     DTensor's placements, ``Partial`` as ``Replicate``, as PyTorch). For Shard-only
     placements that reading is the identity: the local alias is returned as is."""
+    if COMPILED_API and COMPILED_API[0]():
+        return DTensor.to_local(dt)
     spec = dt._spec
     if spec in _ALL_SHARD or _all_shard(spec):
         return spec.mesh.platform.local_of(dt)

@@ -71,6 +71,11 @@ class Platform:
     #: turned into CollectiveError by :func:`hyper_shard.flight.collective`
     comm_errors: tuple[type[BaseException], ...] = ()
 
+    def tracing(self) -> bool:
+        """Whether a compiler is recording this platform's calls right now (no data-dependent
+        communication then: e.g. ``from_local`` assumes even shards, as PyTorch DTensor)."""
+        return False
+
     # ------------------------------------------------------------ process groups
     def ensure_initialized(self, device_type: str, timeout: Any = None) -> None:
         """Initialise the default process group from the launcher's environment if needed,

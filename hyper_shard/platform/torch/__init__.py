@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+import torch.compiler as _compiler
 import torch.distributed as dist
 from torch._C import DisableTorchFunctionSubclass
 
@@ -394,8 +395,11 @@ class TorchPlatform(Platform):
 
     # ------------------------------------------------------------ collectives
     # gloo has no int16 kernels: such tensors travel as int32 (sums wrap the same way)
+    def tracing(self) -> bool:
+        return _TRACING[0] > 0
+
     def all_gather(self, t: torch.Tensor, group: TorchGroup, n: int) -> list[torch.Tensor]:
-        if _TRACING[0]:
+        if _TRACING[0] or _compiler._is_compiling_flag:
             return _fc.all_gather(t, group, n)
         if t.dtype is torch.int16:
             return [x.to(torch.int16) for x in self.all_gather(t.int(), group, n)]
@@ -411,7 +415,7 @@ class TorchPlatform(Platform):
         return group.to_coord_order(list(buf.unbind(0)))
 
     def all_reduce(self, t: torch.Tensor, op: str, group: TorchGroup) -> torch.Tensor:
-        if _TRACING[0]:
+        if _TRACING[0] or _compiler._is_compiling_flag:
             return _fc.all_reduce(t, op, group)
         if t.dtype is torch.int16:
             return self.all_reduce(t.int(), op, group).to(torch.int16)
@@ -430,7 +434,7 @@ class TorchPlatform(Platform):
     def reduce_scatter(
         self, pieces: Sequence[torch.Tensor], op: str, group: TorchGroup
     ) -> torch.Tensor:
-        if _TRACING[0]:
+        if _TRACING[0] or _compiler._is_compiling_flag:
             return _fc.reduce_scatter(pieces, op, group)
         if pieces and pieces[0].dtype is torch.int16:
             return self.reduce_scatter([p.int() for p in pieces], op, group).to(torch.int16)
@@ -448,7 +452,7 @@ class TorchPlatform(Platform):
         return out
 
     def all_to_all(self, pieces: Sequence[torch.Tensor], group: TorchGroup) -> list[torch.Tensor]:
-        if _TRACING[0]:
+        if _TRACING[0] or _compiler._is_compiling_flag:
             return _fc.all_to_all(pieces, group)
         if pieces and pieces[0].dtype is torch.int16:
             return [x.to(torch.int16) for x in self.all_to_all([p.int() for p in pieces], group)]
@@ -463,7 +467,7 @@ class TorchPlatform(Platform):
         return group.to_coord_order(list(out.unbind(0)))
 
     def broadcast(self, t: torch.Tensor, src_group_rank: int, group: TorchGroup) -> torch.Tensor:
-        if _TRACING[0]:
+        if _TRACING[0] or _compiler._is_compiling_flag:
             return _fc.broadcast(t, src_group_rank, group)
         if t.dtype is torch.int16:
             return self.broadcast(t.int(), src_group_rank, group).to(torch.int16)
@@ -604,7 +608,7 @@ class TorchPlatform(Platform):
             return _Alias.apply(x, bwd)
 
     def shares_storage(self, a: Any, b: Any) -> bool:
-        if _TRACING[0]:  # fake tensors have no data pointer
+        if _TRACING[0] or _compiler._is_compiling_flag:  # fake tensors have no data pointer
             with DisableTorchFunctionSubclass():
                 return a is b or bool(torch._C._is_alias_of(a, b))
         with DisableTorchFunctionSubclass():

@@ -156,8 +156,9 @@ TRACE_DISPATCHER = Dispatcher(
 #: skeleton is the call's arguments with each tensor replaced by :data:`_HOLE`
 _CALLS: list[tuple[Any, Any]] = []
 _CALL_IDS: dict[Any, int] = {}
-_SPECS: list[DTensorSpec] = []
-_SPEC_IDS: dict[DTensorSpec, int] = {}
+#: spec id (``DTensorSpec._id``, one int per layout) -> a spec with that id: the specs of
+#: the DTensors a region reads (registered while dynamo builds their fakes) and makes
+_BY_ID: dict[int, DTensorSpec] = {}
 _HOLE = "\x00hyper_shard.tensor"
 
 
@@ -193,15 +194,13 @@ _SPEC_TABLE = _SpecTable()
 
 
 def _spec_id(spec: DTensorSpec) -> int:
-    i = _SPEC_IDS.get(spec)
-    if i is None:
-        i = _SPEC_IDS[spec] = len(_SPECS)
-        _SPECS.append(spec)
+    i = spec._id
+    if i not in _BY_ID:
+        _BY_ID[i] = spec
         setattr(_SPEC_TABLE, f"s{i}", spec)
     return i
 
 
-pytree.register_constant(DTensorSpec)
 pytree.register_constant(DeviceMesh)
 # AOTAutograd's first-call check of custom ops' aliasing runs the graph under a dispatch
 # mode that refuses tensor subclasses it does not know, and a compiled region's inputs are
@@ -221,6 +220,7 @@ def _fill(skeleton: Any, tensors: list, specs: tuple, pos: list) -> Any:
         a, s = tensors[i], specs[i]
         if s is False:
             return a
+        s = _BY_ID[s]
         if isinstance(a, DTensor):  # backend="eager": the real DTensor arrives
             with DisableTorchFunctionSubclass():
                 a = a.as_subclass(torch.Tensor)
@@ -283,7 +283,24 @@ def _api_full_tensor(x: Any, gp: tuple | None) -> Any:
     )
 
 
+def _api_from_local(
+    t: Any, mesh: Any, pl: tuple, run_check: bool, shape: Any, stride: Any, gp: Any
+) -> Any:
+    from .dtensor import TorchDTensor
+
+    return TorchDTensor.from_local(
+        t,
+        mesh,
+        [_decode(p) for p in pl],
+        run_check=run_check,
+        shape=shape,
+        stride=stride,
+        grad_placements=None if gp is None else [_decode(p) for p in gp],
+    )
+
+
 _API = {
+    "from_local": _api_from_local,
     "redistribute": _api_redistribute,
     "to_local": _api_to_local,
     "full_tensor": _api_full_tensor,
@@ -336,12 +353,18 @@ def _rewrap_one(o: Any, ids: tuple, pos: list) -> Any:
     return o
 
 
+def _spec_token(t: Any) -> int:
+    """How a DTensor's spec enters a nonstrict call: its id (an int constant; the spec
+    objects themselves are no constants dynamo can hand over once made in the region)."""
+    return t._spec._id  # type: ignore[no-any-return]
+
+
 def _call(func: Any, args: Any, kwargs: dict) -> Any:
     from .dtensor import TorchDTensor
 
     tensors: list = []
     skeleton = _skeleton((args, kwargs), tensors)
-    specs = tuple(t._spec if isinstance(t, TorchDTensor) else False for t in tensors)
+    specs = tuple(_spec_token(t) if isinstance(t, TorchDTensor) else False for t in tensors)
     out, ids = _traced_call(_call_id(func, skeleton) + 0, specs, tensors)
     return _rewrap_one(out, ids, [0])
 
@@ -354,9 +377,31 @@ def torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
     return _call(func, args, kwargs)
 
 
-def api_call(name: str, args: tuple) -> Any:
-    """A DTensor API method called inside a compiled region (one nonstrict call)."""
-    return _call(name, args, {})
+def _enc_placements(pl: Any) -> Any:
+    if pl is None:
+        return None
+    return tuple(_encode(p) for p in pl)
+
+
+def api_call(name: str, *args: Any) -> Any:
+    """A DTensor API method called inside a compiled region (one nonstrict call), installed
+    as ``hyper_shard.dtensor.COMPILED_API`` ([Note: compiled DTensor API])."""
+    from ...mesh import as_mesh
+
+    if name == "from_local":
+        t, mesh, pl, run_check, shape, stride, gp = args
+        mesh = as_mesh(mesh, "DTensor.from_local")
+        pl = (("R",),) * mesh.ndim if pl is None else _enc_placements(pl)
+        sh = None if shape is None else tuple(shape)
+        st = None if stride is None else tuple(stride)
+        return _call(name, (t, mesh, pl, run_check, sh, st, _enc_placements(gp)), {})
+    if name == "redistribute":
+        x, mesh, pl, async_op, fdt, bdt = args
+        mesh = x._spec.mesh if mesh is None else mesh
+        pl = x._spec.placements if pl is None else pl
+        return _call(name, (x, mesh, _enc_placements(pl), async_op, fdt, bdt), {})
+    x, gp = args
+    return _call(name, (x, _enc_placements(gp)), {})
 
 
 def encode_placements(placements: Any) -> tuple:
@@ -422,5 +467,18 @@ for _n in ("is_floating_point", "is_complex", "element_size", "get_device"):
 def python_level(func: Any, args: tuple, kwargs: dict) -> Any:
     """A call dynamo makes in Python while it compiles (building fake tensors and guards):
     the DTensor answers as its local tensor (see the module note)."""
+    if args and isinstance(args[0], DTensor):
+        _spec_id(args[0]._spec)  # the region may read this DTensor: know its spec by id
     with DisableTorchFunctionSubclass():
         return func(*args, **kwargs)
+
+
+def install() -> None:
+    """Route the neutral DTensor API through :func:`api_call` while dynamo traces."""
+    from ... import dtensor as _dt
+
+    if not _dt.COMPILED_API:
+        _dt.COMPILED_API[:] = [torch.compiler.is_dynamo_compiling, api_call]
+
+
+install()

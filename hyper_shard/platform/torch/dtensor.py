@@ -46,46 +46,6 @@ class TorchDTensor(DTensor, torch.Tensor):  # type: ignore[misc]
             return h(args, kwargs or {})
         return _dm.torch_dispatch(func, args, kwargs or {})
 
-    # the DTensor API inside a compiled region: one nonstrict call each ([Note: compiled
-    # DTensor] in platform/torch/compiled.py); eager calls take the neutral methods
-    def redistribute(
-        self,
-        device_mesh: Any = None,
-        placements: Any = None,
-        *,
-        async_op: bool = False,
-        forward_dtype: Any = None,
-        backward_dtype: Any = None,
-    ) -> Any:
-        if _compiler.is_dynamo_compiling():
-            mesh = self._spec.mesh if device_mesh is None else device_mesh
-            pl = self._spec.placements if placements is None else placements
-            return _compiled.api_call(
-                "redistribute",
-                (self, mesh, _compiled.encode_placements(pl), async_op, forward_dtype,
-                 backward_dtype),
-            )  # fmt: skip
-        return DTensor.redistribute(
-            self,
-            device_mesh,
-            placements,
-            async_op=async_op,
-            forward_dtype=forward_dtype,
-            backward_dtype=backward_dtype,
-        )
-
-    def to_local(self, *, grad_placements: Any = None) -> Any:
-        if _compiler.is_dynamo_compiling():
-            gp = None if grad_placements is None else _compiled.encode_placements(grad_placements)
-            return _compiled.api_call("to_local", (self, gp))
-        return DTensor.to_local(self, grad_placements=grad_placements)
-
-    def full_tensor(self, *, grad_placements: Any = None) -> Any:
-        if _compiler.is_dynamo_compiling():
-            gp = None if grad_placements is None else _compiled.encode_placements(grad_placements)
-            return _compiled.api_call("full_tensor", (self, gp))
-        return DTensor.full_tensor(self, grad_placements=grad_placements)
-
     # torch.distributed.checkpoint's tensor-subclass protocol (see platform/torch/dcp.py)
     def __create_write_items__(self, fqn: str, object: Any) -> list[Any]:
         return _dcp.create_write_items(self, fqn)
