@@ -473,12 +473,34 @@ def python_level(func: Any, args: tuple, kwargs: dict) -> Any:
         return func(*args, **kwargs)
 
 
+def _local_while_compiling(func: Any, handler: Any) -> Any:
+    """A global-metadata handler that answers with the local tensor's metadata while a
+    compile runs in Python (dynamo building fakes and guards; see the module note)."""
+    comp = torch.compiler
+
+    def h(args: Any, kwargs: dict) -> Any:
+        if comp._is_compiling_flag:
+            return python_level(func, args, kwargs)
+        return handler(args, kwargs)
+
+    return h
+
+
+#: the eager handlers that report global metadata (the local tensor's while compiling)
+_GLOBAL_METADATA = (
+    T.shape.__get__, T.size, T.stride, T.numel, T.nelement, torch.numel, T.is_contiguous,
+    T.__len__, T.nbytes.__get__,
+)  # fmt: skip
+
+
 def install() -> None:
-    """Route the neutral DTensor API through :func:`api_call` while dynamo traces."""
+    """Route the neutral DTensor API through :func:`api_call` while dynamo traces, and let
+    dynamo's fakes see the local tensor."""
     from ... import dtensor as _dt
+    from .dtensor import PROTOCOL_HANDLERS
 
     if not _dt.COMPILED_API:
         _dt.COMPILED_API[:] = [torch.compiler.is_dynamo_compiling, api_call]
+        for f in _GLOBAL_METADATA:
+            PROTOCOL_HANDLERS[f] = _local_while_compiling(f, PROTOCOL_HANDLERS[f])
 
-
-install()

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.compiler as _compiler
+from torch.compiler import is_dynamo_compiling as _is_dynamo_compiling
 from torch._C import DisableTorchFunctionSubclass
 
 from ...dtensor import DTensor, local_derivative, redistribute_local
@@ -37,10 +37,8 @@ class TorchDTensor(DTensor, torch.Tensor):  # type: ignore[misc]
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if _compiler._is_compiling_flag:  # under torch.compile: [Note: compiled DTensor]
-            if _compiler.is_dynamo_compiling():  # dynamo is tracing this call
-                return _compiled.torch_function(func, args, kwargs or {})
-            return _compiled.python_level(func, args, kwargs or {})
+        if _is_dynamo_compiling():  # dynamo traces this call: [Note: compiled DTensor]
+            return _compiled.torch_function(func, args, kwargs or {})
         h = PROTOCOL_HANDLERS.get(func)
         if h is not None:
             return h(args, kwargs or {})
@@ -775,5 +773,7 @@ from . import compiled as _compiled  # noqa: E402  (compiled imports the dispatc
 from . import dispatch as _dm  # noqa: E402  (dispatch imports this module's class)
 from . import inplace_views as _inplace_views  # noqa: E402,F401  (registers its handlers)
 from .state_dict_utils import install as _install_state_dict_utils  # noqa: E402
+
+_compiled.install()
 
 _install_state_dict_utils()  # full/offloaded DCP state dicts gather hyper_shard DTensors too
