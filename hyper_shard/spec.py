@@ -307,6 +307,7 @@ class DTensorSpec:
         "key",
         "_hash",
         "_id",
+        "_cid",
         "_local_shape",
         "_offset",
         "_plans",
@@ -338,6 +339,9 @@ class DTensorSpec:
         )
         self._hash = hash(self.key)
         self._id = intern_spec_key(self.key)
+        #: the id as a string: how a compiled region names this layout (a compiler may turn
+        #: an int it reads into a symbol; a string stays a constant)
+        self._cid = str(self._id)
         self._local_shape: tuple[int, ...] | None = None
         self._offset: tuple[int, ...] | None = None
         self._plans: dict | None = None  # redistribution plans from this spec (planner cache)

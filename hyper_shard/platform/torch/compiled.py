@@ -163,7 +163,7 @@ _HOLE = "\x00hyper_shard.tensor"
 
 
 @torch._dynamo.assume_constant_result
-def _call_id(func: Any, skeleton: Any) -> int:
+def _call_id(func: Any, skeleton: Any) -> str:
     """Intern one call site's function and constant arguments (run by dynamo at trace time,
     the result a constant of the graph: no runtime cost)."""
     key = (func, _freeze(skeleton))
@@ -171,7 +171,7 @@ def _call_id(func: Any, skeleton: Any) -> int:
     if i is None:
         i = _CALL_IDS[key] = len(_CALLS)
         _CALLS.append((func, skeleton))
-    return i
+    return str(i)  # a string: never made symbolic
 
 
 def _freeze(x: Any) -> Any:
@@ -220,7 +220,7 @@ def _fill(skeleton: Any, tensors: list, specs: tuple, pos: list) -> Any:
         a, s = tensors[i], specs[i]
         if s is False:
             return a
-        s = _BY_ID[s]
+        s = _BY_ID[int(s)]
         if isinstance(a, DTensor):  # backend="eager": the real DTensor arrives
             with DisableTorchFunctionSubclass():
                 a = a.as_subclass(torch.Tensor)
@@ -251,8 +251,8 @@ def _unbox_outputs(out: Any) -> tuple[Any, tuple[int, ...]]:
 
 
 @torch._dynamo.nonstrict_trace
-def _traced_call(cid: int, specs: tuple, tensors: list) -> Any:
-    func, skeleton = _CALLS[cid]
+def _traced_call(cid: str, specs: tuple, tensors: list) -> Any:
+    func, skeleton = _CALLS[int(cid)]
     with tracing():
         args, kwargs = _fill(skeleton, tensors, specs, [0])
         if isinstance(func, str):
@@ -353,10 +353,11 @@ def _rewrap_one(o: Any, ids: tuple, pos: list) -> Any:
     return o
 
 
-def _spec_token(t: Any) -> int:
-    """How a DTensor's spec enters a nonstrict call: its id (an int constant; the spec
-    objects themselves are no constants dynamo can hand over once made in the region)."""
-    return t._spec._id  # type: ignore[no-any-return]
+def _spec_token(t: Any) -> str:
+    """How a DTensor's spec enters a nonstrict call: its id, as a string (the spec objects
+    are no constants dynamo can hand over once made in the region, and an int would be
+    made symbolic by automatic dynamic shapes when it differs between two compiles)."""
+    return t._spec._cid  # type: ignore[no-any-return]
 
 
 def _call(func: Any, args: Any, kwargs: dict) -> Any:
@@ -365,7 +366,7 @@ def _call(func: Any, args: Any, kwargs: dict) -> Any:
     tensors: list = []
     skeleton = _skeleton((args, kwargs), tensors)
     specs = tuple(_spec_token(t) if isinstance(t, TorchDTensor) else False for t in tensors)
-    out, ids = _traced_call(_call_id(func, skeleton) + 0, specs, tensors)
+    out, ids = _traced_call(_call_id(func, skeleton) + "", specs, tensors)  # no source
     return _rewrap_one(out, ids, [0])
 
 
@@ -501,6 +502,14 @@ def install() -> None:
 
     if not _dt.COMPILED_API:
         _dt.COMPILED_API[:] = [torch.compiler.is_dynamo_compiling, api_call]
+        # dynamo inlines __torch_function__ into the user's frame; it must never compile it
+        # as a frame of its own (what it does to the frames an eager fallback runs): there
+        # the call is eager, not traced
+        from torch._dynamo.eval_frame import skip_code
+
+        from .dtensor import TorchDTensor
+
+        skip_code(TorchDTensor.__torch_function__.__func__.__code__)
         for f in _GLOBAL_METADATA:
             PROTOCOL_HANDLERS[f] = _local_while_compiling(f, PROTOCOL_HANDLERS[f])
 

@@ -1,0 +1,237 @@
+"""``torch.compile`` over hyper_shard DTensors on 2 gloo ranks, against eager and against
+plain torch in one process ([Note: compiled DTensor] in platform/torch/compiled.py).
+
+Compiled tests are few and small (each graph costs seconds to build): ``aot_eager`` for
+most, one ``inductor`` case. The Hugging Face Llama with the main job's TP plan compiles
+whole into one graph (the graph-break count is printed and must be 0, as PyTorch DTensor's)
+and per decoder layer; its losses over AdamW steps and every parameter's gradient equal
+eager TP and the single-process model.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.multiproc
+
+EXAMPLES = str(Path(__file__).resolve().parents[2] / "examples")
+
+
+def _counters() -> dict:
+    c = torch._dynamo.utils.counters
+    return {"graph_breaks": sum(c["graph_break"].values()), "graphs": c["stats"]["unique_graphs"]}
+
+
+# ---------------------------------------------------------------------- functions
+def check_fullgraph_fn(rank: int, world: int, backend: str) -> dict:
+    """matmul, softmax, redistribute, from_local/to_local/full_tensor and sum inside one
+    fullgraph region: value and input gradients against plain torch."""
+    from hyper_shard import DTensor, Replicate, Shard, distribute_tensor, init_device_mesh
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 4, generator=g), torch.randn(4, 6, generator=g)
+    c = torch.randn(8, 6, generator=g)
+
+    def f(x, y, z_local):
+        z = DTensor.from_local(z_local, mesh, [Shard(0)])
+        h = torch.matmul(x, y).softmax(-1) * z
+        r = h.redistribute(mesh, [Replicate()])
+        return (r.to_local() * 2).sum() + h.full_tensor().mean()
+
+    def run(fn):
+        x = distribute_tensor(a.clone().requires_grad_(), mesh, [Shard(0)])
+        y = distribute_tensor(b.clone().requires_grad_(), mesh, [Replicate()])
+        out = fn(x, y, c.chunk(world)[rank])
+        out.backward()
+        return out.detach(), x.grad.full_tensor(), y.grad.full_tensor()
+
+    got = run(torch.compile(f, backend=backend, fullgraph=True))
+    eager = run(f)
+    pa, pb = a.clone().requires_grad_(), b.clone().requires_grad_()
+    h = (pa @ pb).softmax(-1) * c
+    ref = (h * 2).sum() + h.mean()
+    ref.backward()
+    for x, e, r in zip(got, eager, (ref.detach(), pa.grad, pb.grad)):
+        torch.testing.assert_close(x, e)
+        torch.testing.assert_close(x, r, rtol=1e-5, atol=1e-6)
+    return _counters()
+
+
+def check_recompiles(rank: int, world: int) -> list[int]:
+    """Frames compiled after each call: same shapes and placements reuse the graph, a new
+    placement compiles once, a new length compiles once more (then runs dynamic)."""
+    from hyper_shard import Replicate, Shard, distribute_tensor, init_device_mesh
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    mesh = init_device_mesh("cpu", (world,))
+    w = distribute_tensor(torch.randn(6, 6), mesh, [Replicate()])
+    f = torch.compile(lambda x: (x @ w).relu().sum(), backend="aot_eager")
+    seen = []
+    for n, pl in [(8, Shard(0)), (8, Shard(0)), (8, Replicate()), (8, Shard(0)), (12, Shard(0))]:
+        x = distribute_tensor(torch.randn(n, 6), mesh, [pl])
+        out = f(x)
+        torch.testing.assert_close(out.full_tensor(), (x.full_tensor() @ w.full_tensor()).relu().sum())
+        seen.append(int(torch._dynamo.utils.counters["stats"]["unique_graphs"]))
+    return seen
+
+
+def check_bad_input(rank: int, world: int) -> list[str]:
+    """Under compile a call with no sharding rule, or DTensors of two meshes, raise the
+    eager error (its type and message), not a dynamo internal error."""
+    from hyper_shard import Shard, distribute_tensor, init_device_mesh
+    from hyper_shard.errors import OpNotRegisteredError, ShardingError
+
+    torch._dynamo.reset()
+    mesh = init_device_mesh("cpu", (world,))
+    other = init_device_mesh("cpu", (1, world))  # the same ranks as a 2-D mesh
+    x = distribute_tensor(torch.randn(4, 4), mesh, [Shard(0)])
+    y = distribute_tensor(torch.randn(4, 4), other, [Shard(1), Shard(0)])
+    seen = []
+    for fn, err in (
+        (lambda a, b: torch.ops.aten._fft_r2c(a, [0], 0, True), OpNotRegisteredError),
+        (lambda a, b: a + b, ShardingError),
+    ):
+        with pytest.raises(err) as eager:
+            fn(x, y)
+        with pytest.raises(err) as info:
+            torch.compile(fn, backend="aot_eager")(x, y)
+        assert str(info.value) == str(eager.value)
+        seen.append(type(info.value).__name__)
+    return seen
+
+
+# ---------------------------------------------------------------------- the TP Llama
+def _llama(seed: int = 0):
+    import transformers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    transformers.logging.set_verbosity_error()
+    cfg = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+        rms_norm_eps=1e-5, tie_word_embeddings=False, attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(cfg)
+
+
+def _batches(steps: int, seq: int = 16):
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(steps):
+        x = torch.randint(0, 64, (2, seq), generator=g)
+        out.append((x, torch.randint(0, 64, (2, seq), generator=g)))
+    return out
+
+
+def _train_tp(mesh, how: str, steps: int, sp: bool = False):
+    from hyper_shard import DTensor, Replicate, Shard
+    from hyper_shard import parallel as hp
+
+    sys.path.insert(0, EXAMPLES)
+    from llama_common import llama_tp_plan
+
+    model = _llama()
+    hp.parallelize_module(model, mesh, llama_tp_plan(sp, hp, Replicate, Shard))
+    if how == "whole":
+        fwd = torch.compile(model, backend="aot_eager")
+    elif how == "layers":
+        for layer in model.model.layers:
+            layer.compile(backend="aot_eager")
+        fwd = model
+    else:
+        fwd = model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    pos = torch.arange(16)[None]
+    losses, grads = [], None
+    for x, y in _batches(steps):
+        logits = fwd(input_ids=x, position_ids=pos).logits
+        target = DTensor.from_local(y.flatten(), mesh, [Replicate()])
+        with hp.loss_parallel():
+            loss = F.cross_entropy(logits.flatten(0, 1), target)
+            loss.backward()
+        losses.append(loss.detach().full_tensor().item())
+        if grads is None:
+            grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+    return losses, grads
+
+
+def _train_plain(steps: int):
+    model = _llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    pos = torch.arange(16)[None]
+    losses, grads = [], None
+    for x, y in _batches(steps):
+        logits = model(input_ids=x, position_ids=pos).logits
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        loss.backward()
+        losses.append(loss.item())
+        if grads is None:
+            grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+    return losses, grads
+
+
+def check_llama_tp(rank: int, world: int, how: str, sp: bool) -> dict:
+    from hyper_shard import init_device_mesh
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    steps = 3
+    got, got_g = _train_tp(mesh, how, steps, sp)
+    counts = _counters()
+    eager, eager_g = _train_tp(mesh, "eager", steps, sp)
+    plain, plain_g = _train_plain(steps)
+    for a, e, p in zip(got, eager, plain):
+        assert abs(a - e) <= 1e-5 * abs(e), (got, eager)
+        assert abs(a - p) <= 1e-4 * abs(p), (got, plain)
+    for n, g in got_g.items():
+        torch.testing.assert_close(g, eager_g[n], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g, plain_g[n], rtol=1e-4, atol=1e-5)
+    return counts
+
+
+# ---------------------------------------------------------------------- tests
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_fullgraph_function(dist2, backend):
+    counts = dist2.run(check_fullgraph_fn, backend, timeout=600)
+    assert counts[0]["graph_breaks"] == 0 and counts[0]["graphs"] == 1
+
+
+def test_guards_recompile_only_on_new_layouts(dist2):
+    # 1 graph; the same call again: 1; Replicate input: 2; Shard(0) again: 2; a new length: 3
+    assert dist2.run(check_recompiles) == [[1, 1, 2, 2, 3]] * 2
+
+
+def test_bad_input_gets_the_eager_error(dist2):
+    assert dist2.run(check_bad_input) == [["OpNotRegisteredError", "ShardingError"]] * 2
+
+
+def test_llama_tp_compiled_whole_zero_graph_breaks(dist2):
+    counts = dist2.run(check_llama_tp, "whole", False, timeout=600)
+    print(f"TP Llama compiled whole: {counts[0]['graph_breaks']} graph breaks, "
+          f"{counts[0]['graphs']} graph(s)")  # fmt: skip
+    assert counts[0] == {"graph_breaks": 0, "graphs": 1}
+
+
+def test_llama_tp_compiled_per_layer(dist2):
+    counts = dist2.run(check_llama_tp, "layers", False, timeout=600)
+    assert counts[0]["graph_breaks"] == 0
+
+
+def test_llama_sp_compiled_whole(dist2):
+    counts = dist2.run(check_llama_tp, "whole", True, timeout=600)
+    assert counts[0]["graph_breaks"] == 0
