@@ -133,6 +133,12 @@ def _batches(steps: int, seq: int = 16):
     return out
 
 
+def _full(t):
+    from hyper_shard import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def _train_tp(mesh, how: str, steps: int, sp: bool = False):
     from hyper_shard import DTensor, Replicate, Shard
     from hyper_shard import parallel as hp
@@ -161,7 +167,7 @@ def _train_tp(mesh, how: str, steps: int, sp: bool = False):
             loss.backward()
         losses.append(loss.detach().full_tensor().item())
         if grads is None:
-            grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
+            grads = {n: _full(p.grad).clone() for n, p in model.named_parameters()}
         opt.step()
         opt.zero_grad()
     return losses, grads
