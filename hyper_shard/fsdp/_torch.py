@@ -108,8 +108,13 @@ class TorchFSDP(FSDPFramework):
         return out
 
     def register_forward_hooks(self, module: Any, pre: Callable, post: Callable) -> None:
-        module.register_forward_pre_hook(pre, prepend=True, with_kwargs=True)
-        module.register_forward_hook(post, prepend=False)
+        # under torch.compile the unit's hooks run eagerly around the compiled forward (as
+        # FSDP2's with dynamo's default skip_fsdp_hooks): their all-gathers, frees and
+        # autograd hooks are state changes dynamo does not trace
+        module.register_forward_pre_hook(
+            torch._dynamo.disable(pre, recursive=True), prepend=True, with_kwargs=True
+        )
+        module.register_forward_hook(torch._dynamo.disable(post, recursive=True), prepend=False)
 
     def register_state_dict_hooks(
         self, module: Any, pre_save: Callable[[], None], pre_load: Callable[[dict, str], None]
