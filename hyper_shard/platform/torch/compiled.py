@@ -27,6 +27,9 @@ out as small interned ints (:data:`_SPECS`).
 
 from __future__ import annotations
 
+import sys
+import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -253,6 +256,8 @@ def _unbox_outputs(out: Any) -> tuple[Any, tuple[int, ...]]:
 @torch._dynamo.nonstrict_trace
 def _traced_call(cid: str, specs: tuple, tensors: list) -> Any:
     func, skeleton = _CALLS[int(cid)]
+    if len(sys.modules) != _MODULES_SEEN[0]:
+        skip_frames()  # hyper_shard modules imported since
     with tracing():
         args, kwargs = _fill(skeleton, tensors, specs, [0])
         if isinstance(func, str):
@@ -375,7 +380,21 @@ def torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
     h = TRACED_HANDLERS.get(func)
     if h is not None:
         return h(args, kwargs)
+    if isinstance(func, torch._ops.HigherOrderOperator):
+        return _higher_order(func, args, kwargs)
     return _call(func, args, kwargs)
+
+
+def _higher_order(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A higher-order op dynamo made of user code on DTensors (``checkpoint`` becomes
+    ``tag_activation_checkpoint(body, *args)``): not traced yet. Raising here makes dynamo
+    break the graph and run that code eagerly (with ``fullgraph=True``: the error), where
+    it is right; checkpoint a compiled block instead to keep the block in one graph."""
+    raise NotImplementedError(
+        f"torch.compile: {func.__name__} (e.g. torch.utils.checkpoint) over hyper_shard "
+        f"DTensors is not traced inside a compiled region; checkpoint a compiled block "
+        f"instead: checkpoint(torch.compile(block), x, use_reentrant=False)"
+    )
 
 
 def _enc_placements(pl: Any) -> Any:
@@ -468,6 +487,8 @@ for _n in ("is_floating_point", "is_complex", "element_size", "get_device"):
 def python_level(func: Any, args: tuple, kwargs: dict) -> Any:
     """A call dynamo makes in Python while it compiles (building fake tensors and guards):
     the DTensor answers as its local tensor (see the module note)."""
+    if len(sys.modules) != _MODULES_SEEN[0]:
+        skip_frames()  # hyper_shard modules imported since
     if args and isinstance(args[0], DTensor):
         _spec_id(args[0]._spec)  # the region may read this DTensor: know its spec by id
     with DisableTorchFunctionSubclass():
@@ -494,6 +515,59 @@ _GLOBAL_METADATA = (
 )  # fmt: skip
 
 
+_SKIPPED: set[str] = set()
+_MODULES_SEEN = [0]
+
+
+def _codes(obj: Any, seen: set[int]) -> Iterator[Any]:
+    """The code objects of a module's functions and classes, nested ones included."""
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if isinstance(obj, property):
+        for f in (obj.fget, obj.fset, obj.fdel):
+            if f is not None:
+                yield from _codes(f, seen)
+        return
+    code = getattr(obj, "__code__", None)
+    if isinstance(code, types.CodeType):
+        stack = [code]
+        while stack:
+            c = stack.pop()
+            yield c
+            stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    elif isinstance(obj, type):
+        for v in vars(obj).values():
+            yield from _codes(v, seen)
+
+
+def skip_frames() -> None:
+    """[Note: compiled DTensor frames] dynamo inlines hyper_shard's code into the user's
+    traced frame (``__torch_function__``, the DTensor API, the styles' conversions). After a
+    graph break it runs the rest of the user's frame eagerly and compiles each frame that
+    code calls on its own — a dispatcher frame compiled by itself would run aten ops on
+    DTensors outside any dispatch. Every code object of the loaded ``hyper_shard`` modules
+    is marked to run as plain Python when it is a frame of its own, and so is everything it
+    calls (``FrameAction.SKIP`` for the frame and its callees); inlining is not affected."""
+    from torch._C._dynamo.eval_frame import set_code_exec_strategy
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+    _MODULES_SEEN[0] = len(sys.modules)
+    strategy = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+    for name, mod in list(sys.modules.items()):
+        if mod is None or name in _SKIPPED or not name.startswith("hyper_shard"):
+            continue
+        _SKIPPED.add(name)
+        seen: set[int] = set()
+        for v in list(vars(mod).values()):
+            if getattr(v, "__module__", None) != name:
+                continue
+            for code in _codes(v, seen):
+                set_code_exec_strategy(code, strategy)
+
+
 def install() -> None:
     """Route the neutral DTensor API through :func:`api_call` while dynamo traces, and let
     dynamo's fakes see the local tensor."""
@@ -502,14 +576,7 @@ def install() -> None:
 
     if not _dt.COMPILED_API:
         _dt.COMPILED_API[:] = [torch.compiler.is_dynamo_compiling, api_call]
-        # dynamo inlines __torch_function__ into the user's frame; it must never compile it
-        # as a frame of its own (what it does to the frames an eager fallback runs): there
-        # the call is eager, not traced
-        from torch._dynamo.eval_frame import skip_code
-
-        from .dtensor import TorchDTensor
-
-        skip_code(TorchDTensor.__torch_function__.__func__.__code__)
+        skip_frames()
         for f in _GLOBAL_METADATA:
             PROTOCOL_HANDLERS[f] = _local_while_compiling(f, PROTOCOL_HANDLERS[f])
 
