@@ -79,7 +79,9 @@ def check_recompiles(rank: int, world: int) -> list[int]:
     for n, pl in [(8, Shard(0)), (8, Shard(0)), (8, Replicate()), (8, Shard(0)), (12, Shard(0))]:
         x = distribute_tensor(torch.randn(n, 6), mesh, [pl])
         out = f(x)
-        torch.testing.assert_close(out.full_tensor(), (x.full_tensor() @ w.full_tensor()).relu().sum())
+        torch.testing.assert_close(
+            out.full_tensor(), (x.full_tensor() @ w.full_tensor()).relu().sum()
+        )
         seen.append(int(torch._dynamo.utils.counters["stats"]["unique_graphs"]))
     return seen
 

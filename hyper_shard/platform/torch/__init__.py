@@ -20,7 +20,8 @@ from ...spec import TensorMeta, contiguous_stride
 from ..base import GroupRanks, Platform
 from ..timeouts import explicit_timeout, resolve_timeout
 from . import functional_comm as _fc
-from .compiled_state import _TRACING, TracedDTensor as _TracedDTensor
+from .compiled_state import _TRACING
+from .compiled_state import TracedDTensor as _TracedDTensor
 
 __all__ = ["TorchPlatform", "TorchGroup"]
 

@@ -283,9 +283,7 @@ def _api_to_local(x: Any, gp: tuple | None) -> Any:
 
 
 def _api_full_tensor(x: Any, gp: tuple | None) -> Any:
-    return DTensor.full_tensor(
-        x, grad_placements=None if gp is None else [_decode(p) for p in gp]
-    )
+    return DTensor.full_tensor(x, grad_placements=None if gp is None else [_decode(p) for p in gp])
 
 
 def _api_from_local(
@@ -579,4 +577,3 @@ def install() -> None:
         skip_frames()
         for f in _GLOBAL_METADATA:
             PROTOCOL_HANDLERS[f] = _local_while_compiling(f, PROTOCOL_HANDLERS[f])
-

@@ -81,5 +81,3 @@ class TracedDTensor(DTensor):
 
     def __repr__(self) -> str:
         return f"TracedDTensor({list(self._spec.shape)}, {self._spec.placements})"
-
-

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.compiler import is_dynamo_compiling as _is_dynamo_compiling
 from torch._C import DisableTorchFunctionSubclass
+from torch.compiler import is_dynamo_compiling as _is_dynamo_compiling
 
 from ...dtensor import DTensor, local_derivative, redistribute_local
 from ...placement import Partial, Replicate, grad_placement
