@@ -99,3 +99,4 @@ _.set_symm_mem_for_comm
 _.set_separate_reduce_scatter_group
 _.set_custom_all_gather
 _.set_custom_reduce_scatter
+_.check_custom_op_aliasing  # torch._functorch.config, set by platform/torch/compiled.py

@@ -611,7 +611,7 @@ class TorchPlatform(Platform):
     def shares_storage(self, a: Any, b: Any) -> bool:
         if _TRACING[0] or _compiler._is_compiling_flag:  # fake tensors have no data pointer
             with DisableTorchFunctionSubclass():
-                return a is b or bool(torch._C._is_alias_of(a, b))
+                return a is b or bool(torch._C._is_alias_of(a, b))  # type: ignore[attr-defined]
         with DisableTorchFunctionSubclass():
             return bool(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
 

@@ -74,7 +74,7 @@ def _wrap_outputs(out: Any, dec: Decision) -> Any:
             return out
         return TracedDTensor(out, dec.out_spec(0, out.dtype, out.element_size()))
     if isinstance(out, (tuple, list)):
-        items = []
+        items: list[Any] = []
         i = 0
         for x in out:
             if isinstance(x, torch.Tensor):
@@ -226,7 +226,7 @@ def _fill(skeleton: Any, tensors: list, specs: tuple, pos: list) -> Any:
         s = _BY_ID[int(s)]
         if isinstance(a, DTensor):  # backend="eager": the real DTensor arrives
             with DisableTorchFunctionSubclass():
-                a = a.as_subclass(torch.Tensor)
+                a = a.as_subclass(torch.Tensor)  # type: ignore[attr-defined]
         return TracedDTensor(a, s)
     if t in (list, tuple):
         return t(_fill(x, tensors, specs, pos) for x in skeleton)
@@ -246,7 +246,7 @@ def _unbox_outputs(out: Any) -> tuple[Any, tuple[int, ...]]:
         elif isinstance(o, DTensor):  # backend="eager": a real DTensor
             ids.append(_spec_id(o._spec))
             with DisableTorchFunctionSubclass():
-                res.append(o.as_subclass(torch.Tensor))
+                res.append(o.as_subclass(torch.Tensor))  # type: ignore[attr-defined]
         else:
             ids.append(-1)
             res.append(o)
@@ -261,7 +261,7 @@ def _traced_call(cid: str, specs: tuple, tensors: list) -> Any:
     with tracing():
         args, kwargs = _fill(skeleton, tensors, specs, [0])
         if isinstance(func, str):
-            out = _API[func](*args, **kwargs)
+            out = _API[func](*args, **kwargs)  # type: ignore[operator]
         else:
             out = TRACE_DISPATCHER.dispatch(func, args, kwargs)
         return _unbox_outputs(out)
@@ -420,10 +420,6 @@ def api_call(name: str, *args: Any) -> Any:
         return _call(name, (x, mesh, _enc_placements(pl), async_op, fdt, bdt), {})
     x, gp = args
     return _call(name, (x, _enc_placements(gp)), {})
-
-
-def encode_placements(placements: Any) -> tuple:
-    return tuple(_encode(p) for p in placements)
 
 
 T: Any = torch.Tensor
