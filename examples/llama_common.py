@@ -155,6 +155,14 @@ def add_common_args(ap: argparse.ArgumentParser, out_dir: Path) -> None:
     ap.add_argument("--seed", type=int, default=0, help="init seed; batches use seed + 1")
     ap.add_argument("--sp", action="store_true", help="sequence parallel on the norms too")
     ap.add_argument("--nproc", type=int, default=2, help="CPU ranks to spawn (default 2)")
+    ap.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        metavar="BACKEND",
+        help="torch.compile the model (both runs; default backend inductor, e.g. aot_eager)",
+    )
     ap.add_argument("--check", action="store_true", help="fail if a loss differs by > --rtol")
     ap.add_argument("--rtol", type=float, default=1e-4, help="--check tolerance (default 1e-4)")
     ap.add_argument("--table-every", type=int, default=0, help="table row interval (0: ~12 rows)")

@@ -220,7 +220,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--tp", type=int, default=None, help="tensor-parallel ranks (default: the rest)"
     )
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.compile:
+        ap.error(
+            "--compile is torch.compile (examples/train_llama_tp.py); the MindSpore job runs "
+            "in PyNative mode: mindspore.jit over DTensors is refused (docs/mindspore.md)"
+        )
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -128,6 +128,19 @@ def parallelize(args: argparse.Namespace, model: torch.nn.Module, device: torch.
     return mesh
 
 
+def compiled(args: argparse.Namespace, model: torch.nn.Module) -> Any:
+    """``--compile``: the whole model under ``torch.compile`` (TP: one graph, collectives
+    inside it), or each decoder layer when FSDP units hold them (FSDP's hooks run eagerly
+    around each compiled layer, as torchtitan applies compile per block)."""
+    if not args.compile:
+        return model
+    if getattr(args, "dp", 1) > 1:
+        for layer in model.model.layers:
+            layer.compile(backend=args.compile)
+        return model
+    return torch.compile(model, backend=args.compile)
+
+
 def train_tp(args: argparse.Namespace, data: torch.Tensor, device: torch.device) -> dict:
     """Train with tensor parallelism (and FSDP with ``--dp``) over all ranks; every rank
     returns the losses (the mean over the data-parallel ranks)."""
@@ -140,6 +153,7 @@ def train_tp(args: argparse.Namespace, data: torch.Tensor, device: torch.device)
     resolve_layout(args, world)
     model = build_model(args).to(device)
     mesh = parallelize(args, model, device)
+    fwd = compiled(args, model)
     dp_rank = mesh.get_local_rank("dp") if args.dp > 1 else 0
     dp_group = mesh.get_group("dp") if args.dp > 1 else None
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
@@ -154,7 +168,7 @@ def train_tp(args: argparse.Namespace, data: torch.Tensor, device: torch.device)
         x, y = x.chunk(args.dp)[dp_rank].to(device), y.chunk(args.dp)[dp_rank].to(device)
         sync(device)
         t0 = time.perf_counter()
-        logits = model(input_ids=x, position_ids=pos).logits  # DTensor [b, s, V], Shard(-1)
+        logits = fwd(input_ids=x, position_ids=pos).logits  # DTensor [b, s, V], Shard(-1)
         if args.tp > 1:
             target = DTensor.from_local(y.flatten(), mesh["tp"], [Replicate()])
             with hp.loss_parallel():
@@ -221,6 +235,7 @@ def train_single(args: argparse.Namespace, data: torch.Tensor, device: torch.dev
     from tqdm import tqdm
 
     model = build_model(args).to(device)
+    fwd = torch.compile(model, backend=args.compile) if args.compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     pos = torch.arange(args.seq, device=device)[None]
     losses, times = [], []
@@ -229,7 +244,7 @@ def train_single(args: argparse.Namespace, data: torch.Tensor, device: torch.dev
         x, y = x.to(device), y.to(device)
         sync(device)
         t0 = time.perf_counter()
-        logits = model(input_ids=x, position_ids=pos).logits
+        logits = fwd(input_ids=x, position_ids=pos).logits
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
         loss.backward()
         opt.step()
