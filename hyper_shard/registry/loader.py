@@ -92,6 +92,8 @@ class LoadedEntry:
             ``extend: true`` entry, which only adds names to another).
         bindings: platform key -> the op names the entry binds there. A registered
             key also reads as an attribute (``entry.torch``), a list one may edit.
+        added_by: ``(key, name)`` -> the file of the ``extend: true`` entry that added
+            the name (see :meth:`file_of`).
     """
 
     name: str
@@ -99,6 +101,11 @@ class LoadedEntry:
     entry: OpEntry
     op: Any
     bindings: dict[str, list[str]] = field(default_factory=dict)
+    added_by: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def file_of(self, key: str, name: str) -> str:
+        """The file that binds ``name`` on platform ``key`` to this entry (for messages)."""
+        return self.added_by.get((key, name), self.file)
 
     def __getattr__(self, key: str) -> list[str]:
         if key.startswith("_") or key == "bindings" or key not in platform_keys():
@@ -407,7 +414,10 @@ def _extend(ext: LoadedEntry, by_name: dict[str, LoadedEntry]) -> None:
         )
     for key, names in ext.bindings.items():
         have = target.bindings.setdefault(key, [])
-        have.extend(n for n in names if n not in have)
+        for n in names:
+            if n not in have:
+                have.append(n)
+                target.added_by[(key, n)] = ext.file
     sigs = RuleParams.model_validate(ext.entry.rule_params()).signatures
     if sigs:
         target.op.add_signatures(sigs)
@@ -431,7 +441,8 @@ def _resolve_bindings(by_name: dict[str, LoadedEntry]) -> None:
                     names.remove(n)
                 else:
                     raise OpSpecError(
-                        f"{le.file}: entry {le.name!r}, field {plat!r}: {n!r} is already bound "
-                        f"by entry {prev.name!r} in {prev.file}; bind it in one entry only, or "
-                        f"add 'override: true' to the entry that should win"
+                        f"{le.file_of(plat, n)}: entry {le.name!r}, field {plat!r}: {n!r} is "
+                        f"already bound by entry {prev.name!r} in {prev.file_of(plat, n)}; bind "
+                        f"it in one entry only, or add 'override: true' to the entry that "
+                        f"should win"
                     )

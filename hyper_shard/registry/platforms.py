@@ -360,5 +360,6 @@ def resolve_all(
             except LookupError as err:
                 if getattr(e.op, "lenient_names", False):
                     continue
-                raise OpSpecError(f"{e.file}: entry {e.name!r}, field {key!r}: {err}") from None
+                where = e.file_of(key, n) if hasattr(e, "file_of") else e.file
+                raise OpSpecError(f"{where}: entry {e.name!r}, field {key!r}: {err}") from None
             yield e, n, obj
