@@ -22,6 +22,7 @@ def preload_imported() -> None:
         if b.preload is not None and b.imported():
             importlib.import_module(b.preload)
 
+
 __all__ = [
     "Platform",
     "PlatformBindings",

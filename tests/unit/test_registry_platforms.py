@@ -146,8 +146,7 @@ def test_unknown_platform_key_errors(tmp_path, text, fragments):
 
 def test_an_uninstalled_platform_under_bindings_is_kept_and_reported(tmp_path, capsys):
     (tmp_path / "ops.yaml").write_text(
-        "my_relu:\n  rule: pointwise\n  bindings: {torch: [math.hypot], "
-        "jax: [jax.nn.relu]}\n"
+        "my_relu:\n  rule: pointwise\n  bindings: {torch: [math.hypot], jax: [jax.nn.relu]}\n"
     )
     reg = Registry(load_all([tmp_path]))
     assert reg["my_relu"].bindings == {
