@@ -55,9 +55,18 @@ class _Custom(torch.autograd.Function):
 
 
 class SimPlatform(Platform):
-    """Torch local math; collectives through the thread exchange."""
+    """Torch local math; collectives through the thread exchange.
+
+    Args:
+        native: the collectives it runs natively (default: all); the executor composes
+            the others, as on a backend without them (gloo has no all-to-all).
+    """
 
     name = KEY
+
+    def __init__(self, native: frozenset[str] | None = None) -> None:
+        if native is not None:
+            self.native_collectives = frozenset(native)
 
     # ------------------------------------------------------------ process groups
     def ensure_initialized(self, device_type: str, timeout: Any = None) -> None:

@@ -49,6 +49,11 @@ def run_ranks(world: int, fn: Callable[[int], Any], timeout: float = 120.0) -> l
     return results
 
 
-def sim_mesh(shape: Sequence[int], names: Sequence[str] | None = None) -> DeviceMesh:
-    """This rank's mesh of ``shape`` over the whole world (inside :func:`run_ranks`)."""
-    return init_device_mesh(KEY, tuple(shape), mesh_dim_names=names, platform=PLATFORM)
+def sim_mesh(
+    shape: Sequence[int], names: Sequence[str] | None = None, platform: Any = None
+) -> DeviceMesh:
+    """This rank's mesh of ``shape`` over the whole world (inside :func:`run_ranks`), on
+    ``platform`` (default: the registered sim platform; a ``SimPlatform(native=...)``
+    composes the collectives it lacks)."""
+    plat = PLATFORM if platform is None else platform
+    return init_device_mesh(KEY, tuple(shape), mesh_dim_names=names, platform=plat)

@@ -28,7 +28,7 @@ from hyper_shard.errors import OpSpecError
 from hyper_shard.placement import grad_placement
 from hyper_shard.registry import Registry, get_registry, load_all
 from hyper_shard.spec import contiguous_stride
-from tests.fake_platform import KEY, installed, run_ranks, sim, sim_mesh
+from tests.fake_platform import KEY, SimPlatform, installed, run_ranks, sim, sim_mesh
 
 S0, S1, R, P = Shard(0), Shard(1), Replicate(), Partial()
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,11 +161,27 @@ def _all_placements(ndim):
     return list(itertools.product([S0, S1, R, P], repeat=ndim))
 
 
-@pytest.mark.parametrize("mesh_shape, shape", [((3,), (7, 5)), ((2, 2), (5, 6))], ids=["1d", "2d"])
-def test_every_redistribution_forward_and_backward(mesh_shape, shape):
+class _Composing(SimPlatform):
+    """A sim platform whose missing collectives must be composed, never called."""
+
+    def reduce_scatter(self, pieces, op, group):  # noqa: ANN001, ANN201
+        raise AssertionError("reduce_scatter is not native here: it must be composed")
+
+    def all_to_all(self, pieces, group):  # noqa: ANN001, ANN201
+        raise AssertionError("all_to_all is not native here: it must be composed")
+
+
+@pytest.mark.parametrize(
+    "mesh_shape, shape, native",
+    [((3,), (7, 5), None), ((2, 2), (5, 6), None), ((2, 2), (5, 6), {"all_gather", "all_reduce"})],
+    ids=["1d", "2d", "2d_composed"],
+)
+def test_every_redistribution_forward_and_backward(mesh_shape, shape, native):
     """For every (source, target) pair: each rank's target shard is its box of the global
     value, and the gradient reaching each source shard is its box of the global gradient
-    (the gradient contract), for uneven shards too."""
+    (the gradient contract), for uneven shards too; ``native``: a platform with only those
+    collectives (reduce-scatter and all-to-all composed)."""
+    plat = None if native is None else _Composing(native=frozenset(native))
     pairs = list(itertools.product(_all_placements(len(mesh_shape)), repeat=2))
     g = torch.Generator().manual_seed(0)
     n_terms = math.prod(mesh_shape)
@@ -173,7 +189,7 @@ def test_every_redistribution_forward_and_backward(mesh_shape, shape):
     grads = torch.randn(*shape, generator=g)
 
     def rank(r):
-        mesh = sim_mesh(mesh_shape)
+        mesh = sim_mesh(mesh_shape, platform=plat)
         coord = mesh.get_coordinate()
         checked = 0
         for src, dst in pairs:
