@@ -360,6 +360,6 @@ def resolve_all(
             except LookupError as err:
                 if getattr(e.op, "lenient_names", False):
                     continue
-                where = e.file_of(key, n) if hasattr(e, "file_of") else e.file
+                where = e.file_of(key, n)  # an extend: true entry's own file for its names
                 raise OpSpecError(f"{where}: entry {e.name!r}, field {key!r}: {err}") from None
             yield e, n, obj
