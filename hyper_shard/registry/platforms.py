@@ -215,7 +215,9 @@ def _check(b: PlatformBindings) -> None:
             f"register_platform: key {b.key!r} must be lower-case letters, digits and '_', "
             f"starting with a letter (it is a YAML key: 'mykey: [op names]')"
         )
-    if b.key in RESERVED_KEYS or b.key.endswith(SIGNATURE_SUFFIX):
+    from .models import OpEntry  # the entry model: its field names and methods
+
+    if b.key in RESERVED_KEYS or b.key.endswith(SIGNATURE_SUFFIX) or hasattr(OpEntry, b.key):
         raise ValueError(
             f"register_platform: key {b.key!r} is an op-spec entry field (or ends in "
             f"{SIGNATURE_SUFFIX!r}); choose another key"

@@ -166,7 +166,7 @@ def test_an_uninstalled_platform_under_bindings_is_kept_and_reported(tmp_path, c
 
 # ---------------------------------------------------------------------- registration
 def test_register_platform_checks_the_key():
-    for bad in ("Torch", "rule", "bindings", "x_signature", "", "1x"):
+    for bad in ("Torch", "rule", "bindings", "x_signature", "", "1x", "json", "copy"):
         with pytest.raises(ValueError):
             register_platform(PlatformBindings(key=bad, resolve=str, build_table=dict))
     with pytest.raises(ValueError, match="already registered"):
