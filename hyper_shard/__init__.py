@@ -5,8 +5,7 @@ The public API follows PyTorch DTensor: ``DeviceMesh``/``init_device_mesh``,
 ``redistribute``, ``distribute_tensor`` and the factories.
 """
 
-import sys as _sys
-
+from . import platform as _platform  # registers the built-in platforms' bindings
 from .dispatch.dispatcher import config
 from .dtensor import DTensor, distribute_tensor, empty, full, ones, rand, randn, zeros
 from .errors import (
@@ -24,11 +23,9 @@ from .registry.loader import add_python_path_at_import as _add_python_path
 from .spec import DTensorSpec, TensorMeta
 
 _add_python_path()
-
-if "torch" in _sys.modules:
-    # torch.load(weights_only=True) of a file holding DTensors needs their rebuild functions
-    # allowlisted: done when the torch platform loads, so load it now that torch is here
-    from .platform.torch import dtensor as _torch_dtensor  # noqa: F401
+# what a platform needs loaded when its framework came first (torch.load of DTensors needs
+# their rebuild functions allowlisted): PlatformBindings.preload
+_platform.preload_imported()
 
 from . import debug, experimental  # noqa: E402,F401  (hs.experimental, as torch.distributed.tensor's)
 

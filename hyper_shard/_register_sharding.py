@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .dispatch.op import Binder, DistributedOp, Layout, OpCall
+from .dispatch.op import DistributedOp, Layout, OpCall
 from .dispatch.search import SingleDimStrategy
 from .errors import ShardingError
 from .placement import Placement
@@ -51,9 +51,7 @@ class RegisteredSharding(DistributedOp):
 
     def __init__(self, name: str, fn: Callable[..., Any], info: OpSchemaInfo) -> None:
         super().__init__(name)
-        binder = Binder(info.positional)
-        self.binders = {"torch": binder, "mindspore": binder}
-        self.binder = binder
+        self.use_signature(info.positional)
         self.static_names = tuple(
             n for n in (*info.positional, *info.kw_only) if n not in info.tensor_args
         )
@@ -191,8 +189,7 @@ def register(platform: Any, op: Any, fn: Callable[..., Any]) -> None:
         "<register_sharding>",
         entry,
         RegisteredSharding(name, fn, info),
-        list(info.names) if platform.name == "torch" else [],
-        list(info.names) if platform.name == "mindspore" else [],
+        {platform.name: list(info.names)},
     )
     R.add_runtime_entry(le)
 

@@ -147,32 +147,44 @@ def _load(yaml_dirs: Sequence[str], python_path: Sequence[str]) -> Any:
     return Registry(load_all([Path(d) for d in yaml_dirs]))
 
 
-def _torch_binder() -> Any:
-    """``build_torch_table`` if torch is installed, else None."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return None
-    from .platform.torch.dispatch import build_torch_table
+def _platforms() -> list[Any]:
+    """The registered platforms' declarations (the built-ins first)."""
+    from .registry.platforms import registered_platforms
 
-    return build_torch_table
+    return registered_platforms()
+
+
+def _dtype(name: str) -> Any:
+    """The dtype named ``name`` of the first installed platform that declares dtypes (the
+    name itself when none does)."""
+    for b in _platforms():
+        if b.dtype is not None and b.available():
+            try:
+                return b.load("dtype")(name)
+            except (ImportError, AttributeError):
+                continue
+    return name
+
+
+def _all_names(e: Any) -> list[str]:
+    return [n for names in e.bindings.values() for n in names]
 
 
 def cmd_ops_list(args: argparse.Namespace) -> int:
     reg = _load(args.yaml_dir, args.python_path)
-    platforms = [args.platform] if args.platform else ["torch", "mindspore"]
+    platforms = [args.platform] if args.platform else [b.key for b in _platforms()]
     rows = []
     n_names = 0
     for e in reg.entries.values():
         if (
             args.filter
             and args.filter not in e.name
-            and not any(args.filter in n for n in (*e.torch, *e.mindspore))
+            and not any(args.filter in n for n in _all_names(e))
         ):
             continue
         bound = []
         for plat in platforms:
-            names = e.torch if plat == "torch" else e.mindspore
+            names = e.bindings.get(plat, [])
             n_names += len(names)
             if names:
                 bound.append(", ".join(names) if args.platform else f"{plat}: {', '.join(names)}")
@@ -209,36 +221,62 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if any(Path(e.file).resolve().parent == d.resolve() for d in dirs)
     ]
     files = sorted({_show_path(e.file) for e in mine})
-    bind_note = ""
-    if not args.no_bind:
-        build = _torch_binder()
-        if build is None:
-            bind_note = " (torch is not installed: torch names not checked)"
-        else:
-            table = build(reg)
-            n = sum(len(e.torch) for e in mine)
-            bind_note = f", {n} torch names bound ({len(table)} in all)"
+    bind_note = "" if args.no_bind else _bind_names(reg, mine, args.platform)
     print(
         f"OK: {_n(len(mine), 'entry', 'entries')} in {_n(len(files), 'file')} under "
         f"{', '.join(map(str, args.dirs))}"
         f"{bind_note}; {len(reg)} entries with the built-ins"
     )
     for e in mine:
-        names = ", ".join([*e.torch, *e.mindspore]) or "no platform names"
+        names = ", ".join(_all_names(e)) or "no platform names"
         print(f"  {e.name}: {e.kind} -> {names}")
+    for key, entries in reg.unregistered_keys().items():
+        import difflib
+
+        close = difflib.get_close_matches(key, [b.key for b in _platforms()], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        print(
+            f"  note: no installed platform has key {key!r}{hint}: the names "
+            f"{', '.join(e.name for e in entries)} bind there are neither checked nor used"
+        )
     return 0
+
+
+def _bind_names(reg: Any, mine: list[Any], keys: Sequence[str] | None) -> str:
+    """Resolve the names of platforms ``keys`` (default: the first installed one) with
+    their resolvers; a summary for the OK line.
+
+    Raises:
+        OpSpecError: a name a platform does not have (names file, entry, field).
+    """
+    from .registry.platforms import resolve_all
+
+    installed = [b for b in _platforms() if b.available()]
+    chosen = [b for b in _platforms() if b.key in keys] if keys else installed[:1]
+    notes = []
+    for b in chosen:
+        if not b.available():
+            notes.append(f" ({b.key} is not installed: its names not checked)")
+            continue
+        n_all = sum(1 for _ in resolve_all(reg, b.key))
+        n = sum(len(e.bindings.get(b.key, ())) for e in mine)
+        notes.append(f", {n} {b.key} names bound ({n_all} in all)")
+    if not chosen:
+        notes.append(" (no platform is installed: names not checked)")
+    return "".join(notes)
 
 
 def _find_entry(reg: Any, op: str) -> Any:
     if op in reg.entries:
         return reg.entries[op]
-    for plat in ("torch", "mindspore"):
-        e = reg.names(plat).get(op)
-        if e is not None:
-            return e
+    names: dict[str, Any] = {}
+    for b in reversed(_platforms()):  # the first platform's name wins
+        names.update(reg.names(b.key))
+    if op in names:
+        return names[op]
     import difflib
 
-    close = difflib.get_close_matches(op, [*reg.entries, *reg.names("torch")], n=3)
+    close = difflib.get_close_matches(op, [*reg.entries, *names], n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see 'hyper-shard ops list'"
     raise UsageError(f"no entry or bound op name {op!r}{hint}")
 
@@ -268,16 +306,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
         raise UsageError(
             f"{len(shapes)} shapes but {len(placements)} placements; give one placement list per tensor"
         )
-    dtype_name = args.dtype.removeprefix("torch.")
+    dtype_name = args.dtype.rsplit(".", 1)[-1]  # "float32", or a framework's "<fw>.float32"
     if dtype_name not in _ITEMSIZE:
         raise UsageError(f"--dtype {args.dtype!r}: one of {', '.join(_ITEMSIZE)}")
-    dtype: Any = dtype_name
-    try:
-        import torch
-
-        dtype = getattr(torch, dtype_name)
-    except (ImportError, AttributeError):
-        pass
+    dtype: Any = _dtype(dtype_name)
     specs = []
     for i, (shape, pl) in enumerate(zip(shapes, placements)):
         if len(pl) != mesh.ndim:
@@ -305,7 +337,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = {**values}
     scalars = {k: v for k, v in values.items() if isinstance(v, (int, float, bool, complex))}
     static = {n: values.get(n) for n in op.static_names}
-    pname = args.name or (entry.torch[0] if entry.torch else (entry.mindspore or [entry.name])[0])
+    pname = args.name or next(
+        (entry.bindings[b.key][0] for b in _platforms() if entry.bindings.get(b.key)), entry.name
+    )
     call = OpCall(
         name=op.name,
         platform_name=pname,
@@ -383,17 +417,25 @@ def _parser() -> argparse.ArgumentParser:
     ops = sub.add_parser("ops", help="the registered ops")
     ops_sub = ops.add_subparsers(dest="ops_command", required=True)
     ls = ops_sub.add_parser("list", help="every entry: rule/class, bound names, source file")
-    ls.add_argument("--platform", choices=["torch", "mindspore"], help="only this platform's names")
+    keys = [b.key for b in _platforms()]
+    ls.add_argument("--platform", choices=keys, help="only this platform's names")
     ls.add_argument("--filter", help="only entries whose name or bound names contain this")
     sources(ls)
     ls.set_defaults(func=cmd_ops_list)
 
     va = sub.add_parser(
         "validate",
-        help="load directories of specs (with the built-ins), bind torch names; OK or the error",
+        help="load directories of specs (with the built-ins), resolve op names; OK or the error",
     )
     va.add_argument("dirs", nargs="+", metavar="DIR", help="directory of YAML op specs")
-    va.add_argument("--no-bind", action="store_true", help="do not resolve torch names")
+    va.add_argument("--no-bind", action="store_true", help="do not resolve op names")
+    va.add_argument(
+        "--platform",
+        action="append",
+        choices=keys,
+        help="resolve this platform's names (repeatable; default: the first installed of "
+        f"{', '.join(keys)})",
+    )
     sources(va, dirs=False)
     va.set_defaults(func=cmd_validate)
 

@@ -318,14 +318,13 @@ def register_sharding(op: Any) -> Callable[[Callable[..., Any]], Callable[..., A
     own rule: registering ``aten.argmax.default`` changes ``torch.ops.aten.argmax`` calls.
     """
     from ._register_sharding import register
-    from .platform.select import get_platform
+    from .platform.select import get_platform, platform_of_object
 
     ops = list(op) if isinstance(op, (list, tuple)) else [op]
 
     def wrapper(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for o in ops:
-            mod = type(o).__module__.split(".")[0]
-            register(get_platform("mindspore" if mod == "mindspore" else "torch"), o, fn)
+        for o in ops:  # the op's framework's platform (the default one for anything else)
+            register(platform_of_object(o) or get_platform(), o, fn)
         return fn
 
     return wrapper
@@ -372,16 +371,17 @@ def context_parallel(
         NotImplementedError: a MindSpore mesh.
     """
     from .mesh import as_mesh
+    from .registry.platforms import platform_bindings
 
     m = as_mesh(mesh, "context_parallel")
-    if m.platform.name != "torch":
+    impl = platform_bindings(m.platform.name).load("context_parallel")
+    if impl is None:
         raise NotImplementedError(
-            "context_parallel is available for torch meshes; on MindSpore shard the "
-            "sequence with DTensors (distribute_tensor(x, mesh, [Shard(seq_dim)])): its "
-            "attention rule runs the same sequence-parallel attention"
+            f"context_parallel is not available for {m.platform.name} meshes (its platform "
+            f"declares none); shard the sequence with DTensors (distribute_tensor(x, mesh, "
+            f"[Shard(seq_dim)])): their attention rule runs the same sequence-parallel "
+            f"attention"
         )
-    from .platform.torch.context_parallel import context_parallel as impl
-
     with impl(
         m, buffers=buffers, buffer_seq_dims=buffer_seq_dims, no_restore_buffers=no_restore_buffers
     ):

@@ -448,7 +448,9 @@ class DeviceMesh:
             return True
         if isinstance(other, DeviceMesh) or other is None or self._platform is None:
             return False
-        if type(other).__module__.split(".")[0] not in ("torch", "mindspore"):
+        from .platform.select import platform_of_object
+
+        if platform_of_object(other) is None:  # not a framework's own mesh
             return False
         try:
             return as_mesh(other)._key == self._key
@@ -490,14 +492,13 @@ def as_mesh(mesh: Any, what: str = "this call") -> DeviceMesh:
                 f"(world_size,))) or call it inside `with mesh:`"
             )
         return cur
-    mod = type(mesh).__module__.split(".")[0]
-    if mod in ("torch", "mindspore"):
-        from .platform.select import get_platform
+    from .platform.select import platform_of_object
 
-        convert = getattr(get_platform(mod), "foreign_mesh", None)
-        out = convert(mesh) if convert is not None else None
-        if out is not None:
-            return out
+    plat = platform_of_object(mesh)  # a framework's own mesh: its platform converts it
+    convert = getattr(plat, "foreign_mesh", None)
+    out = convert(mesh) if convert is not None else None
+    if out is not None:
+        return out
     raise TypeError(
         f"{what}: expected a hyper_shard DeviceMesh (or a torch.distributed.device_mesh."
         f"DeviceMesh), got {type(mesh).__module__}.{type(mesh).__qualname__}"

@@ -29,7 +29,8 @@ rank 0 samples data from the default generator) puts the ranks' generators out o
 :func:`rng_synced` checks, :func:`sync_rng_state` repairs.
 
 Semantics follow the framework's own random ops (``torch.nn.functional.dropout``,
-``torch.rand_like``...) on the global tensor.
+``torch.rand_like``...) on the global tensor. The generator is the one the platform declares
+(``PlatformBindings.generator``; its state only where ``rng_state``).
 """
 
 from __future__ import annotations
@@ -130,12 +131,29 @@ def get_rng_tracker() -> OffsetRNGTracker:
     return _TRACKER
 
 
-def _framework(device_mesh: DeviceMesh | None) -> str:
-    if device_mesh is not None and not device_mesh.is_abstract:
-        return device_mesh.platform.name
-    from .platform.select import get_platform
+def _generator(device_mesh: DeviceMesh | None, what: str, state: bool = False) -> Any:
+    """The generator the mesh's platform (or the default one) declares.
 
-    return get_platform().name
+    Raises:
+        NotImplementedError: the platform declares none, or (``state``) one whose state it
+            does not expose.
+    """
+    if device_mesh is not None and not device_mesh.is_abstract:
+        key = device_mesh.platform.name
+    else:
+        from .platform.select import get_platform
+
+        key = get_platform().name
+    from .registry.platforms import platform_bindings
+
+    b = platform_bindings(key)
+    if b.generator is None or (state and not b.rng_state):
+        have = "no generator" if b.generator is None else "no generator state (rng_state=False)"
+        raise NotImplementedError(
+            f"hyper_shard.random.{what}: the {key} platform declares {have}; only platforms "
+            f"that expose their generator's state can check or copy it"
+        )
+    return b.load("generator")
 
 
 def manual_seed(seed: int, device_mesh: DeviceMesh | None = None) -> None:
@@ -164,25 +182,7 @@ def manual_seed(seed: int, device_mesh: DeviceMesh | None = None) -> None:
                 f"seeds {sorted(seen)}; pass the same seed on every rank, so that sharded random "
                 f"ops equal the single-device ones"
             )
-    fw = _framework(device_mesh)
-    if fw == "torch":
-        import torch
-
-        torch.manual_seed(seed)
-    elif fw == "mindspore":
-        import mindspore
-
-        mindspore.set_seed(seed)
-    else:  # pragma: no cover - only two platforms exist
-        raise ValueError(f"hyper_shard.random.manual_seed: unknown platform {fw!r}")
-
-
-def _torch_state_digest() -> int:
-    import hashlib
-
-    import torch
-
-    return int.from_bytes(hashlib.sha1(torch.get_rng_state().numpy().tobytes()).digest()[:8], "big")
+    _generator(device_mesh, "manual_seed").manual_seed(seed)
 
 
 def rng_synced(device_mesh: DeviceMesh) -> bool:
@@ -190,12 +190,11 @@ def rng_synced(device_mesh: DeviceMesh) -> bool:
     one small all-gather per mesh dim). A collective: every rank must call it.
 
     Raises:
-        NotImplementedError: a platform other than torch.
+        NotImplementedError: a platform whose generator state is not exposed (MindSpore).
     """
-    if _framework(device_mesh) != "torch":
-        raise NotImplementedError("rng_synced: only the torch platform exposes its RNG state")
+    gen = _generator(device_mesh, "rng_synced", state=True)
     plat = device_mesh.platform
-    seen = {_torch_state_digest()}
+    seen = {gen.state_digest()}
     for m in range(device_mesh.ndim):
         got = plat.all_gather_object(sorted(seen), device_mesh._group(m), device_mesh.shape[m])
         seen = {s for lst in got for s in lst}
@@ -207,14 +206,11 @@ def sync_rng_state(device_mesh: DeviceMesh) -> None:
     coordinate 0 (torch; one broadcast per mesh dim). A collective.
 
     Raises:
-        NotImplementedError: a platform other than torch.
+        NotImplementedError: a platform whose generator state is not exposed (MindSpore).
     """
-    if _framework(device_mesh) != "torch":
-        raise NotImplementedError("sync_rng_state: only the torch platform exposes its RNG state")
-    import torch
-
+    gen = _generator(device_mesh, "sync_rng_state", state=True)
     plat = device_mesh.platform
-    state = torch.get_rng_state()
+    state = gen.get_state()
     for m in range(device_mesh.ndim):
         state = plat.broadcast(state, 0, device_mesh._group(m))
-    torch.set_rng_state(state)
+    gen.set_state(state)

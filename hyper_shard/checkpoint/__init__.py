@@ -26,11 +26,11 @@ a failed ``load`` leaves the tensors as they were; a save that fails never commi
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..registry.platforms import platform_key_of, registered_platforms
 from .errors import CheckpointError
 from .format import INDEX_NAME, Index, read_index
 
@@ -47,40 +47,37 @@ __all__ = [
     "HyperShardReader",
 ]
 
-#: torch-only names, imported on first use (this package imports no framework)
-_TORCH = {
-    "DTensorStager": "hyper_shard.platform.torch.checkpoint",
-    "HyperShardWriter": "hyper_shard.platform.torch.dcp_storage",
-    "HyperShardReader": "hyper_shard.platform.torch.dcp_storage",
-}
-
 
 def __getattr__(name: str) -> Any:
-    if name in _TORCH:
-        return getattr(importlib.import_module(_TORCH[name]), name)
+    """A platform's own checkpoint name (``DTensorStager`` on torch: its declared
+    ``checkpoint_exports``), imported on first use (this package imports no framework)."""
+    for b in registered_platforms():
+        ref = b.checkpoint_exports.get(name)
+        if ref is not None:
+            module, _, attr = ref.partition(":")
+            return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'hyper_shard.checkpoint' has no attribute {name!r}")
 
 
-_ADAPTERS = {
-    "torch": "hyper_shard.platform.torch.checkpoint",
-    "mindspore": "hyper_shard.platform.mindspore.checkpoint",
-}
+def _default_framework() -> str | None:
+    """The first platform (in registration order) whose framework is imported and which
+    declares a checkpoint adapter."""
+    for b in registered_platforms():
+        if b.checkpoint is not None and b.imported():
+            return b.key
+    return None
 
 
 def _framework_of(obj: Any) -> str | None:
-    mod = type(obj).__module__.split(".")[0]
-    if mod in ("torch", "mindspore"):
-        return mod
-    for name in ("torch", "mindspore"):
-        m = sys.modules.get(name)
-        if m is not None and isinstance(obj, m.Tensor):
-            return name
+    key = platform_key_of(obj)
+    if key is not None:
+        return key
     if isinstance(obj, Mapping):
         vals: Any = obj.values()
     elif isinstance(obj, (list, tuple)):
         vals = obj
-    elif hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):  # torch Stateful
-        return "torch" if "torch" in sys.modules else None
+    elif hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):  # a Stateful
+        return _default_framework()
     else:
         return None
     for v in vals:
@@ -91,13 +88,15 @@ def _framework_of(obj: Any) -> str | None:
 
 
 def _adapter(state_dict: Any, framework: str | None) -> Any:
-    name = framework or _framework_of(state_dict) or ("torch" if "torch" in sys.modules else None)
-    if name not in _ADAPTERS:
+    name = framework or _framework_of(state_dict) or _default_framework()
+    adapters = {b.key: b.checkpoint for b in registered_platforms() if b.checkpoint}
+    if name not in adapters:
+        keys = ", ".join(repr(k) for k in adapters)
         raise CheckpointError(
-            "hyper_shard.checkpoint: the state dict holds no torch or MindSpore tensor; pass "
-            "framework='torch' or 'mindspore'"
+            f"hyper_shard.checkpoint: the state dict holds no tensor of a platform with "
+            f"checkpoints; pass framework= one of {keys}"
         )
-    return importlib.import_module(_ADAPTERS[name])
+    return importlib.import_module(adapters[name])
 
 
 def save(

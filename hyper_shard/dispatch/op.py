@@ -31,6 +31,7 @@ from ..errors import ShardingError
 from ..placement import Placement
 from ..redistribute.planner import Plan, cost_model_for, plan_redistribute
 from ..registry.models import RuleParams
+from ..registry.platforms import signature_keys
 from ..spec import DTensorSpec, TensorMeta, contiguous_stride
 from .search import SingleDimStrategy, search_strategy
 from .views import ViewCopySpec
@@ -268,10 +269,15 @@ class DistributedOp:
             params = {}
         self.params: Any = params if isinstance(params, BaseModel) else self.Params(**params)
         sig = getattr(self.params, "signature", None) or self.signature
-        ms_sig = getattr(self.params, "mindspore_signature", None) or sig
-        #: per platform: how that platform's calls pass the canonical arguments
-        self.binders = {"torch": Binder(sig), "mindspore": Binder(ms_sig)}
-        self.binder = self.binders["torch"]
+        #: how a call passes the canonical arguments (on every platform the entry gives no
+        #: signature of its own: :meth:`binder_for`)
+        self.binder = Binder(sig)
+        #: platform key -> canonical positional names of that platform's calls (the YAML's
+        #: ``signatures``, plus those ``extend: true`` entries add)
+        self.signatures: dict[str, tuple[str, ...]] = {
+            k: tuple(v) for k, v in (getattr(self.params, "signatures", None) or {}).items()
+        }
+        self._binders: dict[str, Binder] = {}
         st = getattr(self.params, "static_args", None)
         self.static_names: tuple[str, ...] = (
             tuple(st) if st is not None else tuple(self.static_args)
@@ -283,10 +289,36 @@ class DistributedOp:
         takes plain targets and class weights so, as PyTorch's does)."""
         return False
 
+    def use_signature(self, sig: Sequence[str], static: Sequence[str] | None = None) -> None:
+        """Set the rule's own canonical signature (and static args) for this entry, e.g.
+        the one of its ``kind``, unless the YAML entry gives its own. Platforms whose calls
+        pass the arguments otherwise say so in the entry (``signatures: {KEY: [...]}``)."""
+        if getattr(self.params, "signature", None) is None:
+            self.binder = Binder(sig)
+            self._binders.clear()
+        if static is not None and getattr(self.params, "static_args", None) is None:
+            self.static_names = tuple(static)
+
+    def add_signatures(self, signatures: dict[str, Sequence[str]]) -> None:
+        """Add per-platform signatures (an ``extend: true`` entry's); a platform's own
+        earlier one is replaced."""
+        self.signatures.update({k: tuple(v) for k, v in signatures.items()})
+        self._binders.clear()
+
     # -- phase 2 ----------------------------------------------------------------
-    def binder_for(self, platform: str) -> Binder:
-        """The argument binder of ``platform``'s calls (``torch`` or ``mindspore``)."""
-        return self.binders.get(platform, self.binder)
+    def binder_for(self, platform: str | None) -> Binder:
+        """The argument binder of the calls of the platform keyed ``platform``: the
+        signature its declaration's ``signature_source`` finds in :attr:`signatures`, else
+        :attr:`binder` (None: :attr:`binder`)."""
+        if platform is None:
+            return self.binder
+        b = self._binders.get(platform)
+        if b is None:
+            sig = next(
+                (self.signatures[k] for k in signature_keys(platform) if k in self.signatures), None
+            )
+            b = self._binders[platform] = Binder(sig) if sig else self.binder
+        return b
 
     def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
         """Strategies for ONE mesh dim: ``(output placements, input placements)`` pairs,
@@ -501,7 +533,8 @@ class BoundOp:
     """One op bound to one platform function name (``torch.add``, ``Tensor.add_``...).
 
     Holds what the hot path needs: the op, an interned id, the in-place/reflected flags and
-    which argument positions/names are static.
+    which argument positions/names are static. ``platform`` is the key of the platform
+    whose calls it binds: their arguments are read with ``op.binder_for(platform)``.
     """
 
     __slots__ = (
@@ -527,7 +560,7 @@ class BoundOp:
         reflected: bool,
         is_dtensor: Callable[[Any], bool],
         tensor_type: type,
-        platform: str = "torch",
+        platform: str | None = None,
         dt_type: type | None = None,
     ) -> None:
         self.op = op

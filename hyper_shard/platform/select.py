@@ -1,8 +1,12 @@
-"""Choosing the platform (torch or MindSpore) for a mesh or a tensor.
+"""Choosing the platform (torch, MindSpore, or another registered one) for a mesh or a
+tensor.
 
-Order: an explicit ``platform=`` argument; the ``HYPER_SHARD_PLATFORM`` environment
-variable (``torch`` or ``mindspore``); the device type; otherwise torch if it is
-importable, else MindSpore.
+Order: an explicit ``platform=`` argument (a Platform, or a registered platform's key);
+the ``HYPER_SHARD_PLATFORM`` environment variable (a key); the device type; otherwise
+torch if it is importable, else MindSpore. A key's Platform is made once, by the factory
+its declaration names (:class:`~hyper_shard.registry.platforms.PlatformBindings`).
+
+The device type: a name a registered platform declares in its ``device_types`` chooses it.
 
 The device type: ``"CPU"``/``"GPU"``/``"Ascend"`` (MindSpore's spelling) name MindSpore.
 Other names (``"cpu"``, ``"cuda"``, ``"npu"``: torch's spelling) go to the framework whose
@@ -19,9 +23,10 @@ import os
 import sys
 from typing import Any
 
+from ..registry.platforms import platform_bindings, platform_key_of, registered_platforms
 from .base import Platform
 
-__all__ = ["get_platform", "platform_of_tensor", "platform_for_device"]
+__all__ = ["get_platform", "platform_of_tensor", "platform_for_device", "platform_of_object"]
 
 _INSTANCES: dict[str, Platform] = {}
 _MS_DEVICES = {"CPU", "GPU", "Ascend", "ascend"}
@@ -30,17 +35,13 @@ _MS_DEVICES = {"CPU", "GPU", "Ascend", "ascend"}
 def _load(name: str) -> Platform:
     plat = _INSTANCES.get(name)
     if plat is None:
-        if name == "torch":
-            from .torch import TorchPlatform
-
-            plat = TorchPlatform()
-        elif name == "mindspore":
-            from .mindspore import MindSporePlatform
-
-            plat = MindSporePlatform()
-        else:
-            raise ValueError(f"unknown platform {name!r}; use 'torch' or 'mindspore'")
-        _INSTANCES[name] = plat
+        try:
+            factory = platform_bindings(name).load("platform")
+        except KeyError as e:
+            raise ValueError(f"unknown platform {name!r}: {e.args[0]}") from None
+        if factory is None:
+            raise ValueError(f"platform {name!r} declares no Platform (PlatformBindings.platform)")
+        plat = _INSTANCES[name] = factory()
     return plat
 
 
@@ -98,6 +99,9 @@ def platform_for_device(device_type: str) -> str | None:
             is imported and no communication is initialised; the message names both ways
             to choose (``"CPU"`` or ``platform="mindspore"``, ``platform="torch"``).
     """
+    for b in registered_platforms():
+        if device_type in b.device_types:
+            return b.key
     low = device_type.lower()
     if device_type in _MS_DEVICES or low in ("gpu", "ascend"):
         return "mindspore"
@@ -117,17 +121,23 @@ def platform_for_device(device_type: str) -> str | None:
     )
 
 
+def platform_of_object(obj: Any) -> Platform | None:
+    """The platform whose object ``obj`` is (a tensor, a mesh, an op: by its declared
+    ``modules`` and ``tensor_type``), or None."""
+    key = platform_key_of(obj)
+    return None if key is None else _load(key)
+
+
 def platform_of_tensor(t: Any) -> Platform:
     """The platform whose tensor type ``t`` is.
 
     Raises:
-        TypeError: ``t`` is neither a torch nor a MindSpore tensor.
+        TypeError: ``t`` is no registered platform's tensor.
     """
-    mod = type(t).__module__.split(".")[0]
-    if mod == "torch" or (("torch" in sys.modules) and isinstance(t, sys.modules["torch"].Tensor)):
-        return _load("torch")
-    if mod == "mindspore" or (
-        "mindspore" in sys.modules and isinstance(t, sys.modules["mindspore"].Tensor)
-    ):
-        return _load("mindspore")
-    raise TypeError(f"expected a torch or MindSpore tensor, got {type(t).__name__}")
+    plat = platform_of_object(t)
+    if plat is None:
+        keys = ", ".join(b.key for b in registered_platforms())
+        raise TypeError(
+            f"expected a tensor of a registered platform ({keys}), got {type(t).__name__}"
+        )
+    return plat

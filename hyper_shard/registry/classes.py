@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from .messages import short, spec_error, suggest, validation_error
 from .models import OpEntry, RuleParams
+from .platforms import registered_platforms
 from .sources import PY_ENV
 
 if TYPE_CHECKING:
@@ -79,13 +80,15 @@ def _import_class(
     return cls
 
 
-def seed_names(name: str) -> tuple[list[str], list[str]]:
-    """Platform names for a seed-format entry named after its op."""
-    if "." in name:
-        return [name], []
-    if name[:1].isupper():
-        return [], [name]
-    return [f"torch.{name}", f"Tensor.{name}"], []
+def seed_names(name: str) -> dict[str, list[str]]:
+    """Platform key -> names, for a seed-format entry named after its op (each registered
+    platform's ``seed_names`` says which op names it claims)."""
+    out = {}
+    for b in registered_platforms():
+        names = b.seed_names(name) if b.seed_names is not None else []
+        if names:
+            out[b.key] = list(names)
+    return out
 
 
 def _op_class(file: str, name: str, entry: OpEntry) -> tuple[type[DistributedOp], str]:

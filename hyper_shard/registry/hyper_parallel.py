@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import ShardingError
+from .classes import seed_names
 
 __all__ = [
     "CLASS_TO_ENTRY",
@@ -221,11 +222,11 @@ def _builtin_entries() -> dict[str, Any]:
     return _BUILTINS
 
 
-def _builtin_torch_names() -> dict[str, list[str]]:
-    """Short function name -> the built-in entries' torch names ending with it."""
+def _builtin_names(key: str) -> dict[str, list[str]]:
+    """Short function name -> the built-in entries' names on platform ``key`` ending with it."""
     out: dict[str, list[str]] = {}
     for le in _builtin_entries().values():
-        for n in le.torch:
+        for n in le.bindings.get(key, ()):
             out.setdefault(n.rsplit(".", 1)[-1], []).append(n)
     return out
 
@@ -250,21 +251,21 @@ def merge(entries: Iterable[Any], loaded: dict[str, Any]) -> list[Any]:
     """``entries`` of one directory without what earlier entries already define: a
     hyper-parallel entry whose name is taken is dropped, and its platform names already
     bound elsewhere are removed (the earlier binding, built-in first, keeps them)."""
-    bound = {("torch", n) for le in loaded.values() for n in le.torch}
-    bound |= {("mindspore", n) for le in loaded.values() for n in le.mindspore}
+    bound = {(k, n) for le in loaded.values() for k, ns in le.bindings.items() for n in ns}
     out: list[Any] = []
     for le in entries:
         if getattr(le.op, "lenient_names", False) and is_builtin_pair(le.entry):
             if le.name in loaded or any(o.name == le.name for o in out):
                 continue
-            if le.torch == [f"torch.{le.name}", f"Tensor.{le.name}"]:
-                # a torch short name means every function of that name (hyper-parallel
-                # keys torch ops by __name__): the built-ins' functions of that name
-                same = _builtin_torch_names().get(le.name)
-                if same:
-                    le.torch[:] = same
-            le.torch[:] = [n for n in le.torch if ("torch", n) not in bound]
-            le.mindspore[:] = [n for n in le.mindspore if ("mindspore", n) not in bound]
-        bound |= {("torch", n) for n in le.torch} | {("mindspore", n) for n in le.mindspore}
+            derived = seed_names(le.name)
+            for k, names in le.bindings.items():
+                if names == derived.get(k) and "." not in le.name:
+                    # a short name means every function of that name (hyper-parallel keys
+                    # torch ops by __name__): the built-ins' functions of that name
+                    same = _builtin_names(k).get(le.name)
+                    if same:
+                        names[:] = same
+                names[:] = [n for n in names if (k, n) not in bound]
+        bound |= {(k, n) for k, ns in le.bindings.items() for n in ns}
         out.append(le)
     return out

@@ -3,11 +3,16 @@
 Sources, in order:
 
 1. the built-in ``op_specs/`` (inside the wheel as ``hyper_shard/op_specs``);
-2. installed packages' entry points in group ``hyper_shard.op_specs`` — each loads to a
+2. the ``op_specs`` directories registered platforms ship
+   (:class:`~hyper_shard.registry.platforms.PlatformBindings`);
+3. installed packages' entry points in group ``hyper_shard.op_specs`` — each loads to a
    module/package (its directory's YAML files), a directory path, or a callable returning
    one or more directory paths;
-3. every directory in ``HYPER_PARALLEL_OPS_YAML_DIR`` (``os.pathsep``-separated);
-4. the ``extra_dirs`` given to :func:`load_all` / :func:`hyper_shard.registry.reload`.
+4. every directory in ``HYPER_PARALLEL_OPS_YAML_DIR`` (``os.pathsep``-separated);
+5. the ``extra_dirs`` given to :func:`load_all` / :func:`hyper_shard.registry.reload`.
+
+An entry with ``extend: true`` defines nothing: its platform names (and ``signatures``)
+join the entry of its name, whichever source defines it last.
 
 Python classes named by ``class: module:Class`` (or the seed format's
 ``distributed_op_file``/``distributed_op_module``) are imported from installed packages or
@@ -40,7 +45,8 @@ from ..errors import OpSpecError
 from . import hyper_parallel
 from .classes import build_op, seed_names
 from .messages import short, spec_error, suggest, validation_error
-from .models import ENTRY_FIELDS, KIND_FIELDS, OpEntry
+from .models import KIND_FIELDS, OpEntry, RuleParams, entry_fields
+from .platforms import platform_keys, registered_platforms
 from .sources import (
     EP_GROUP,
     PY_ENV,
@@ -58,6 +64,7 @@ __all__ = [
     "load_dir",
     "load_file",
     "builtin_dirs",
+    "platform_dirs",
     "entry_point_dirs",
     "env_dirs",
     "YAML_ENV",
@@ -81,16 +88,29 @@ class LoadedEntry:
         name: the entry's name (the YAML key).
         file: the YAML file it came from.
         entry: the validated :class:`~hyper_shard.registry.models.OpEntry`.
-        op: the :class:`~hyper_shard.dispatch.op.DistributedOp` instance.
-        torch / mindspore: the platform op names the entry binds.
+        op: the :class:`~hyper_shard.dispatch.op.DistributedOp` instance (None for an
+            ``extend: true`` entry, which only adds names to another).
+        bindings: platform key -> the op names the entry binds there. A registered
+            key also reads as an attribute (``entry.torch``), a list one may edit.
+        added_by: ``(key, name)`` -> the file of the ``extend: true`` entry that added
+            the name (see :meth:`file_of`).
     """
 
     name: str
     file: str
     entry: OpEntry
     op: Any
-    torch: list[str] = field(default_factory=list)
-    mindspore: list[str] = field(default_factory=list)
+    bindings: dict[str, list[str]] = field(default_factory=dict)
+    added_by: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def file_of(self, key: str, name: str) -> str:
+        """The file that binds ``name`` on platform ``key`` to this entry (for messages)."""
+        return self.added_by.get((key, name), self.file)
+
+    def __getattr__(self, key: str) -> list[str]:
+        if key.startswith("_") or key == "bindings" or key not in platform_keys():
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {key!r}")
+        return self.bindings.setdefault(key, [])
 
     @property
     def kind(self) -> str:
@@ -160,10 +180,11 @@ def _read_yaml(file: str, path: Path) -> Any:
 
 
 def _merge_default(default: dict[str, Any], body: dict[str, Any]) -> tuple[dict, set[str]]:
-    """``body`` over ``default``; a body naming its own kind drops the default's kind."""
+    """``body`` over ``default``; a body naming its own kind (or extending another
+    entry) drops the default's kind."""
     base = dict(default)
     body_kinds = [k for k in KIND_FIELDS if k in body]
-    if body_kinds:
+    if body_kinds or body.get("extend") is True:
         for k in KIND_FIELDS:
             if k not in body:
                 base.pop(k, None)
@@ -251,12 +272,60 @@ def load_file(path: str | Path) -> list[LoadedEntry]:
         try:
             entry = OpEntry.model_validate(merged)
         except ValidationError as e:
-            raise validation_error(file, name, e, from_default, ENTRY_FIELDS) from None
+            raise validation_error(file, name, e, from_default, entry_fields()) from None
+        bindings = {k: list(v) for k, v in entry.bindings.items()}
+        if entry.extend:
+            _extension_params(file, name, entry, from_default)
+            out.append(LoadedEntry(name, file, entry, None, bindings))
+            continue
         op = hyper_parallel.build(file, name, entry) or build_op(file, name, entry, from_default)
-        torch_names, ms_names = list(entry.torch), list(entry.mindspore)
-        if entry.distributed_op_class and not torch_names and not ms_names:
-            torch_names, ms_names = seed_names(name)
-        out.append(LoadedEntry(name, file, entry, op, torch_names, ms_names))
+        if entry.distributed_op_class and not any(bindings.values()):
+            bindings = seed_names(name)
+        out.append(LoadedEntry(name, file, entry, op, bindings))
+    return out
+
+
+def _extension_params(file: str, name: str, entry: OpEntry, from_default: set[str]) -> Any:
+    """The ``signatures`` of an ``extend: true`` entry (its only parameter).
+
+    Raises:
+        OpSpecError: any other parameter (names the field).
+    """
+    try:
+        params = RuleParams.model_validate(entry.rule_params())
+    except ValidationError as e:
+        raise validation_error(
+            file, name, e, from_default, ["signatures"], "extend: true"
+        ) from None
+    for fld in ("signature", "static_args"):
+        if getattr(params, fld) is not None:
+            raise spec_error(
+                file,
+                name,
+                fld,
+                f"an entry with 'extend: true' adds platform names to another entry and cannot "
+                f"change its {fld!r} (every platform's); give the platform its own order with "
+                f"'signatures: {{KEY: [...]}}'",
+            )
+    return params
+
+
+def platform_dirs() -> list[Path]:
+    """The op-spec directories of the registered platforms (``PlatformBindings.op_specs``).
+
+    Raises:
+        OpSpecError: a directory that does not exist (names the platform).
+    """
+    out = []
+    for b in registered_platforms():
+        for d in b.op_specs:
+            p = Path(d)
+            if not p.is_dir():
+                raise OpSpecError(
+                    f"platform {b.key!r}: its op_specs directory {d!r} is not a directory; fix "
+                    f"or reinstall the package that declares it"
+                )
+            out.append(p)
     return out
 
 
@@ -279,7 +348,8 @@ def load_all(
 ) -> list[LoadedEntry]:
     """Entries from every source, in order, with duplicates resolved.
 
-    Sources: the built-ins, entry points, ``HYPER_PARALLEL_OPS_YAML_DIR``, then
+    Sources: the built-ins, the platforms' directories, entry points,
+    ``HYPER_PARALLEL_OPS_YAML_DIR``, then
     ``extra_dirs``, then ``runtime`` (entries made in the program, by
     ``hyper_shard.experimental.register_sharding``: each replaces an entry of its name and
     takes its platform names from whichever entry bound them).
@@ -289,7 +359,8 @@ def load_all(
         OpSpecError: a malformed file (see :func:`load_file`); a missing directory in
             ``extra_dirs``, ``HYPER_PARALLEL_OPS_YAML_DIR`` or
             ``HYPER_PARALLEL_OPS_PYTHON_PATH``; an entry name, or a platform op name, defined
-            twice without ``override: true`` (the message names both files).
+            twice without ``override: true`` (the message names both files); an
+            ``extend: true`` entry whose name no entry has.
     """
     add_python_path()
     extra = []
@@ -298,8 +369,9 @@ def load_all(
         if not p.is_dir():
             raise OpSpecError(f"extra op-spec directory {str(d)!r} is not a directory")
         extra.append(p)
-    dirs = [*builtin_dirs(), *entry_point_dirs(), *env_dirs(), *extra]
+    dirs = [*builtin_dirs(), *platform_dirs(), *entry_point_dirs(), *env_dirs(), *extra]
     by_name: dict[str, LoadedEntry] = {}
+    extensions: list[LoadedEntry] = []
     seen_dirs = set()
     for d in dirs:
         rd = d.resolve()
@@ -307,6 +379,9 @@ def load_all(
             continue
         seen_dirs.add(rd)
         for le in hyper_parallel.merge(load_dir(d), by_name):  # yields to earlier entries
+            if le.entry.extend:
+                extensions.append(le)
+                continue
             prev = by_name.get(le.name)
             if prev is not None and not le.entry.override:
                 raise OpSpecError(
@@ -319,8 +394,33 @@ def load_all(
     for le in runtime:
         by_name.pop(le.name, None)
         by_name[le.name] = le
+    for ext in extensions:
+        _extend(ext, by_name)
     _resolve_bindings(by_name)
     return list(by_name.values())
+
+
+def _extend(ext: LoadedEntry, by_name: dict[str, LoadedEntry]) -> None:
+    """Add an ``extend: true`` entry's names (and signatures) to the entry of its name."""
+    target = by_name.get(ext.name)
+    if target is None:
+        raise spec_error(
+            ext.file,
+            ext.name,
+            "extend",
+            f"no entry named {ext.name!r} is defined by the built-ins or another source"
+            f"{suggest(ext.name, by_name)}; 'extend: true' adds names to an existing entry "
+            f"(drop it and give a rule to define a new one)",
+        )
+    for key, names in ext.bindings.items():
+        have = target.bindings.setdefault(key, [])
+        for n in names:
+            if n not in have:
+                have.append(n)
+                target.added_by[(key, n)] = ext.file
+    sigs = RuleParams.model_validate(ext.entry.rule_params()).signatures
+    if sigs:
+        target.op.add_signatures(sigs)
 
 
 def _resolve_bindings(by_name: dict[str, LoadedEntry]) -> None:
@@ -328,21 +428,21 @@ def _resolve_bindings(by_name: dict[str, LoadedEntry]) -> None:
     (the later override wins; the other entry keeps its remaining names)."""
     owners: dict[tuple[str, str], LoadedEntry] = {}
     for le in by_name.values():
-        for plat in ("torch", "mindspore"):
-            names = le.torch if plat == "torch" else le.mindspore
+        for plat, names in le.bindings.items():
             for n in list(names):
                 prev = owners.get((plat, n))
                 if prev is None or prev is le:
                     owners[(plat, n)] = le
                     continue
                 if le.entry.override:
-                    (prev.torch if plat == "torch" else prev.mindspore).remove(n)
+                    prev.bindings[plat].remove(n)
                     owners[(plat, n)] = le
                 elif prev.entry.override:
                     names.remove(n)
                 else:
                     raise OpSpecError(
-                        f"{le.file}: entry {le.name!r}, field {plat!r}: {n!r} is already bound "
-                        f"by entry {prev.name!r} in {prev.file}; bind it in one entry only, or "
-                        f"add 'override: true' to the entry that should win"
+                        f"{le.file_of(plat, n)}: entry {le.name!r}, field {plat!r}: {n!r} is "
+                        f"already bound by entry {prev.name!r} in {prev.file_of(plat, n)}; bind "
+                        f"it in one entry only, or add 'override: true' to the entry that "
+                        f"should win"
                     )

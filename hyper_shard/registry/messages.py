@@ -11,7 +11,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..errors import OpSpecError
-from .models import ENTRY_FIELDS, RuleParams
+from .models import RuleParams, entry_fields
+from .platforms import registered_platforms
 
 __all__ = ["spec_error", "validation_error", "suggest", "short"]
 
@@ -36,11 +37,19 @@ def suggest(word: str, choices: Iterable[str]) -> str:
 
 
 _FIELD_HINTS = {
-    "torch": "a list of torch function names, e.g. [torch.add, Tensor.add, Tensor.add_]",
-    "mindspore": "a list of MindSpore Primitive names, e.g. [AddExt, Add]",
     "signature": "a list of argument names, e.g. [input, other]",
     "static_args": "a list of argument names, e.g. [dim, keepdim]",
+    "bindings": "a mapping of platform keys to lists of op names, e.g. {torch: [torch.add]}",
+    "signatures": "a mapping of platform keys to lists of argument names",
 }
+
+
+def _hint(field: str) -> str | None:
+    """What a field holds, for an error message (platform keys: their declared hint)."""
+    for b in registered_platforms():
+        if b.key == field:
+            return b.names_hint
+    return _FIELD_HINTS.get(field)
 
 
 def _describe_error(err: Any, from_default: set[str], accepted: Iterable[str]) -> tuple[str, str]:
@@ -54,19 +63,29 @@ def _describe_error(err: Any, from_default: set[str], accepted: Iterable[str]) -
     if kind == "extra_forbidden":
         known = sorted(accepted)
         own = [k for k in known if k not in RuleParams.model_fields]
+        every = [f for f in entry_fields() if not f.startswith(("dist", "infer", "template"))]
+        keys = [b.key for b in registered_platforms()]
         msg = (
             f"unknown parameter (this rule's own parameters: {', '.join(own) or 'none'}; every "
-            f"entry accepts {', '.join([*ENTRY_FIELDS[:6], *RuleParams.model_fields])})"
-            f"{suggest(loc, [*known, *ENTRY_FIELDS])}"
+            f"entry accepts {', '.join([*every, *RuleParams.model_fields])})"
+            f"{suggest(loc, [*known, *every])}"
         )
+        names = err.get("input")
+        if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
+            msg += (
+                f". If these are op names: the registered platforms are {', '.join(keys)}; "
+                f"a platform whose package may not be installed binds under "
+                f"'bindings: {{{loc}: [...]}}'"
+            )
     elif kind == "missing":
         msg = "a required parameter is missing; add it to the entry (or the file's __default__)"
     elif kind == "bool_type":
         msg = f"must be true or false, got {short(err.get('input'))}"
     elif kind not in ("value_error", "assertion_error") and "input" in err:
         msg = f"{msg}, got {short(err['input'])}"
-        if top in _FIELD_HINTS:
-            msg += f" (expected {_FIELD_HINTS[top]})"
+        hint = _hint(top)
+        if hint is not None:
+            msg += f" (expected {hint})"
     if top in from_default:
         msg += " (the value comes from this file's __default__)"
     return loc, msg

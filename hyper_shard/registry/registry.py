@@ -7,22 +7,14 @@ in use, and only then replaces the registry and clears the dispatcher's caches.
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from .loader import LoadedEntry, load_all
+from .platforms import platform_keys, registered_platforms
 
-__all__ = ["Registry", "get_registry", "reload", "PLATFORM_BINDERS"]
-
-#: platform -> (module, function) building that platform's lookup table from a Registry.
-#: ``reload()`` runs the binders whose module is already imported, so a spec naming an
-#: unknown platform op fails there (keeping the old registry) instead of at the next op call.
-PLATFORM_BINDERS: dict[str, tuple[str, str]] = {
-    "torch": ("hyper_shard.platform.torch.dispatch", "build_torch_table"),
-}
+__all__ = ["Registry", "get_registry", "reload"]
 
 
 class Registry:
@@ -41,17 +33,32 @@ class Registry:
         self._bindings: dict[str, Any] = {}
 
     def names(self, platform: str) -> dict[str, LoadedEntry]:
-        """Platform op name -> entry, for ``"torch"`` or ``"mindspore"``.
+        """Platform op name -> entry, for a registered platform key.
 
         Raises:
-            ValueError: an unknown platform.
+            ValueError: no platform is registered under ``platform`` (the message lists
+                the registered keys).
         """
-        if platform not in ("torch", "mindspore"):
-            raise ValueError(f"unknown platform {platform!r}; use 'torch' or 'mindspore'")
+        if platform not in platform_keys():
+            raise ValueError(
+                f"unknown platform {platform!r}; the registered platforms are "
+                f"{', '.join(sorted(platform_keys()))}"
+            )
         out = {}
         for e in self.entries.values():
-            for n in e.torch if platform == "torch" else e.mindspore:
+            for n in e.bindings.get(platform, ()):
                 out[n] = e
+        return out
+
+    def unregistered_keys(self) -> dict[str, list[LoadedEntry]]:
+        """Platform keys the entries bind (``bindings: {KEY: ...}``) that no registered
+        platform has -> the entries naming each (their names are kept and unused)."""
+        keys = platform_keys()
+        out: dict[str, list[LoadedEntry]] = {}
+        for e in self.entries.values():
+            for k, names in e.bindings.items():
+                if names and k not in keys:
+                    out.setdefault(k, []).append(e)
         return out
 
     def binding(self, platform: str, build: Callable[[Registry], Any]) -> Any:
@@ -95,10 +102,12 @@ def get_registry() -> Registry:
 
 
 def _bind_loaded_platforms(reg: Registry) -> None:
-    for platform, (module, func) in PLATFORM_BINDERS.items():
-        if module in sys.modules:
-            build = getattr(importlib.import_module(module), func)
-            reg.binding(platform, build)
+    """Build the table of every platform in use (``PlatformBindings.in_use``), so a spec
+    naming an op a platform does not have fails here (keeping the old registry) instead
+    of at the next op call."""
+    for b in registered_platforms():
+        if b.in_use():
+            reg.binding(b.key, b.load("build_table"))
 
 
 def reload(extra_dirs: Iterable[str | Path] = ()) -> Registry:
@@ -121,7 +130,7 @@ def reload(extra_dirs: Iterable[str | Path] = ()) -> Registry:
     global _REGISTRY
     extra = [Path(d) for d in extra_dirs]
     new = Registry(load_all(extra, _RUNTIME))  # raises before anything is replaced
-    _bind_loaded_platforms(new)  # likewise (unknown torch names)
+    _bind_loaded_platforms(new)  # likewise (unknown op names)
     _EXTRA[:] = extra
     _REGISTRY = new
     from ..dispatch.dispatcher import clear_cache

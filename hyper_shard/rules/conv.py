@@ -132,11 +132,9 @@ class ConvOp(DistributedOp):
     def __init__(self, name: str, params: Any = None) -> None:
         super().__init__(name, params)
         if self.params.transposed and self.params.signature is None:
-            from ..dispatch.op import Binder
-
             sig = ("input", "weight", "bias", "stride", "padding", "output_padding", "groups",
                    "dilation")  # fmt: skip
-            self.binder = self.binders["torch"] = self.binders["mindspore"] = Binder(sig)
+            self.use_signature(sig)
             self.static_names = ("stride", "padding", "output_padding", "groups", "dilation")
 
     def _form(self, call: OpCall) -> tuple[Any, Any, int, int, int]:

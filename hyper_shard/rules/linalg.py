@@ -57,10 +57,7 @@ class DecompositionOp(DistributedOp):
 
     def __init__(self, name: str, params: Any = None) -> None:
         super().__init__(name, params)
-        from ..dispatch.op import Binder
-
-        if self.params.signature is None:
-            self.binder = self.binders["torch"] = Binder(_SIGNATURES[self.params.kind])
+        self.use_signature(_SIGNATURES[self.params.kind])
         self.n_outputs = _N_OUT[self.params.kind]  # type: ignore[misc]
 
     def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dispatch.op import Binder, DistributedOp, Layout, OpCall
+from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..dispatch.search import SingleDimStrategy, search_strategy
 from ..errors import ShardingError
 from ..placement import Partial, Placement, Shard
@@ -74,16 +74,6 @@ class PlannedOp(DistributedOp):
 
     def plan(self, call: OpCall) -> OpPlan:
         raise NotImplementedError
-
-    def use_signature(self, sig: Sequence[str], static: Sequence[str]) -> None:
-        """Set the canonical signature and static args of a ``kind`` (unless the YAML entry
-        gives its own)."""
-        if self.params.signature is None:
-            self.binder = self.binders["torch"] = Binder(sig)
-            if self.params.mindspore_signature is None:
-                self.binders["mindspore"] = self.binder
-        if self.params.static_args is None:
-            self.static_names = tuple(static)
 
     def checked_plan(self, call: OpCall) -> OpPlan:
         return planned_with_context(

@@ -48,7 +48,7 @@ from typing import Any
 
 from pydantic import field_validator
 
-from ..dispatch.op import Binder, DistributedOp, Layout, OpCall
+from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..dispatch.search import SingleDimStrategy, search_strategy
 from ..dispatch.views import ViewOf
 from ..errors import ShardingError
@@ -175,12 +175,7 @@ class ViewOp(DistributedOp):
     def __init__(self, name: str, params: Any = None) -> None:
         super().__init__(name, params)
         k = _KINDS[self.params.kind]
-        if self.params.signature is None:
-            self.binder = self.binders["torch"] = Binder(k.signature)
-            if self.params.mindspore_signature is None:
-                self.binders["mindspore"] = self.binder
-        if self.params.static_args is None:
-            self.static_names = k.static
+        self.use_signature(k.signature, k.static)
 
     # ------------------------------------------------------------------ phase 2
     def plan(self, call: OpCall) -> ViewPlan:

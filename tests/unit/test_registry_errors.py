@@ -69,6 +69,7 @@ def env(tmp_path, monkeypatch):
     (builtin / "base.yaml").write_text(BASE)
     monkeypatch.setattr(L, "builtin_dirs", lambda: [builtin])
     monkeypatch.setattr(L, "entry_point_dirs", lambda: [])
+    monkeypatch.setattr(L, "platform_dirs", lambda: [])
     saved = (R._REGISTRY, list(R._EXTRA), list(sys.path), set(sys.modules))
     (tmp_path / "specs").mkdir()
     (tmp_path / "py").mkdir()

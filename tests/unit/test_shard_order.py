@@ -2,27 +2,26 @@
 right, as FSDP over tensor parallelism needs), in one process on abstract meshes.
 
 * Local shapes and global offsets against an independent recursion with ``torch.chunk``.
-* Redistribution plans into, out of and between ordered layouts, *executed*: every rank of
-  the mesh is a thread of this process and the collectives meet through a small in-process
-  exchange, so each rank's result is checked against its box of the global tensor (forward)
-  and the transposed plan against the gradient contract (backward).
+* Redistribution plans into, out of and between ordered layouts, *executed* on the sim
+  platform (tests/fake_platform: every rank of the mesh is a thread of this process, the
+  collectives meet through an in-process exchange), so each rank's result is checked
+  against its box of the global tensor (forward) and the transposed plan against the
+  gradient contract (backward).
 """
 
 from __future__ import annotations
 
 import itertools
-import threading
-from typing import Any
+import math
 
 import pytest
 import torch
 
 from hyper_shard import DeviceMesh, Partial, Replicate, Shard
-from hyper_shard.platform.base import GroupRanks
-from hyper_shard.platform.torch import TorchPlatform
 from hyper_shard.redistribute.executor import backward_plan, execute_plan
 from hyper_shard.redistribute.planner import plan_redistribute
 from hyper_shard.spec import DTensorSpec, TensorMeta, contiguous_stride
+from tests.fake_platform import run_ranks, sim_mesh
 
 
 def _boxes(shape, mesh_shape, placements, order):
@@ -89,95 +88,15 @@ def test_shard_order_is_canonical_and_validated():
 
 
 # ---------------------------------------------------------------------- the simulator
-class _Exchange:
-    """Collectives between threads: each group's members deposit, meet, read."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.slots: dict[tuple, dict] = {}
-        self.barriers: dict[tuple, threading.Barrier] = {}
-
-    def gather(self, group: Any, value: Any) -> list[Any]:
-        key = group.ranks
-        with self.lock:
-            bar = self.barriers.setdefault(key, threading.Barrier(len(key)))
-            slot = self.slots.setdefault(key, {})
-        slot[group.me] = value
-        bar.wait()
-        out = [slot[r] for r in key]  # mesh-coordinate order
-        bar.wait()
-        return out
-
-
-class _Group(GroupRanks):
-    __slots__ = ("me",)
-
-    def __init__(self, ranks: tuple[int, ...], me: int) -> None:
-        super().__init__(ranks)
-        self.me = me
-
-
-class _SimPlatform(TorchPlatform):
-    """Torch local primitives; collectives through the exchange (all native)."""
-
-    def __init__(self, ex: _Exchange) -> None:
-        super().__init__()
-        self.ex = ex
-
-    def all_gather(self, t, group, n):  # noqa: ANN001, ANN201
-        return [x.clone() for x in self.ex.gather(group, t.clone())]
-
-    def all_reduce(self, t, op, group):  # noqa: ANN001, ANN201
-        xs = torch.stack(self.ex.gather(group, t.clone()))
-        return {"sum": xs.sum(0), "avg": xs.mean(0), "max": xs.amax(0), "min": xs.amin(0)}[op]
-
-    def reduce_scatter(self, pieces, op, group):  # noqa: ANN001, ANN201
-        allp = self.ex.gather(group, [p.clone() for p in pieces])
-        c = group.ranks.index(group.me)
-        xs = torch.stack([ps[c] for ps in allp])
-        return xs.sum(0) if op == "sum" else xs.mean(0)
-
-    def all_to_all(self, pieces, group):  # noqa: ANN001, ANN201
-        allp = self.ex.gather(group, [p.clone() for p in pieces])
-        c = group.ranks.index(group.me)
-        return [ps[c].clone() for ps in allp]
-
-
-def _mesh_for(mesh_shape, rank):
-    ref = DeviceMesh.abstract(mesh_shape, rank=rank)
-    groups = [
-        _Group(tuple(next(g for g in ref._dim_groups_ranks(m) if rank in g)), rank)
-        for m in range(len(mesh_shape))
-    ]
-    return DeviceMesh("cpu", ref.mesh, _rank=rank, _groups=groups, _abstract=True)
-
-
 def _run_ranks(mesh_shape, fn):
-    """``fn(mesh, plat)`` on every rank (a thread each); results by coordinate."""
-    ex = _Exchange()
-    n = 1
-    for s in mesh_shape:
-        n *= s
-    results: dict[tuple, Any] = {}
-    errors: list[BaseException] = []
+    """``fn(mesh, plat)`` on every rank of the sim platform (tests/fake_platform: a thread
+    each, collectives through an in-process exchange); results by coordinate."""
 
-    def work(r: int) -> None:
-        try:
-            mesh = _mesh_for(mesh_shape, r)
-            results[mesh.get_coordinate()] = fn(mesh, _SimPlatform(ex))
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-            for b in ex.barriers.values():
-                b.abort()
+    def rank(r):
+        mesh = sim_mesh(mesh_shape)
+        return mesh.get_coordinate(), fn(mesh, mesh.platform)
 
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    if errors:
-        raise errors[0]
-    return results
+    return dict(run_ranks(math.prod(mesh_shape), rank))
 
 
 def _local(full, spec, coord):

@@ -31,20 +31,20 @@ from mindspore._c_expression import NoFallbackGuard
 
 from ...dispatch.dispatcher import Dispatcher
 from ...dispatch.op import BoundOp, Decision, fmt_placements
-from ...errors import HyperShardError, OpSpecError
-from ...registry.registry import PLATFORM_BINDERS, RELOAD_HOOKS, Registry, get_registry
+from ...errors import HyperShardError
+from ...registry.platforms import resolve_all
+from ...registry.registry import RELOAD_HOOKS, Registry, get_registry
 
 __all__ = [
     "ms_dispatch",
     "DISPATCHER",
     "build_ms_table",
+    "resolve_ms_op",
     "getitem_call",
     "setitem_call",
     "PSEUDO_PRIMITIVES",
     "MISSING_KERNEL_HINTS",
 ]
-
-PLATFORM_BINDERS.setdefault("mindspore", (__name__, "build_ms_table"))
 
 
 class _PseudoPrimitive:
@@ -210,8 +210,35 @@ def _known_primitive(name: str) -> bool:
     return name in op_args_default_value
 
 
+def resolve_ms_op(n: str) -> str:
+    """The platform's op-name resolver: a YAML name is its own lookup key (a Primitive
+    name, a Tensor method hyper_shard dispatches, or a dotted Python-level function).
+
+    Raises:
+        LookupError: a name MindSpore does not have (the message says where it looked).
+    """
+    if n in TENSOR_METHODS:
+        return n  # a method MindSporeDTensor dispatches from Python
+    if "." in n:  # a Python-level function (hyper_shard/platform/mindspore/functions.py)
+        from .functions import resolve
+
+        if resolve(n) is None:
+            raise LookupError(
+                f"{n!r} is not an importable function (a dotted name binds a Python-level "
+                f"function, e.g. mindspore.ops.cross_entropy)"
+            )
+    elif not _known_primitive(n):
+        raise LookupError(
+            f"{n!r} is not a MindSpore Primitive (mindspore.ops.auto_generate.gen_ops_prim / "
+            f"ops.operations / a Tensor-method overload); "
+            f"print func.name in a Tensor subclass's __fallback__ to find the name"
+        )
+    return n
+
+
 def build_ms_table(reg: Registry) -> dict[str, BoundOp]:
-    """Primitive name -> BoundOp for every ``mindspore:`` name in the registry.
+    """Primitive name -> BoundOp for every ``mindspore:`` name in the registry
+    (:func:`resolve_ms_op`).
 
     A name starting with ``Inplace`` (and ``__setitem__``) is in-place.
 
@@ -224,41 +251,19 @@ def build_ms_table(reg: Registry) -> dict[str, BoundOp]:
     _DT = MindSporeDTensor
     table: dict[str, BoundOp] = {}
     functions: list[str] = []
-    for e in reg.entries.values():
-        for n in e.mindspore:
-            if n in TENSOR_METHODS:
-                pass  # a method MindSporeDTensor dispatches from Python
-            elif "." in n:  # a Python-level function (hyper_shard/platform/mindspore/functions.py)
-                from .functions import resolve
-
-                if resolve(n) is None:
-                    if getattr(e.op, "lenient_names", False):
-                        continue
-                    raise OpSpecError(
-                        f"{e.file}: entry {e.name!r}, field 'mindspore': {n!r} is not an "
-                        f"importable function (a dotted name binds a Python-level function, "
-                        f"e.g. mindspore.ops.cross_entropy)"
-                    )
-                functions.append(n)
-            elif not _known_primitive(n):
-                if getattr(e.op, "lenient_names", False):  # hyper-parallel's YAML spans versions
-                    continue
-                raise OpSpecError(
-                    f"{e.file}: entry {e.name!r}, field 'mindspore': {n!r} is not a MindSpore "
-                    f"Primitive (mindspore.ops.auto_generate.gen_ops_prim / ops.operations / a "
-                    f"Tensor-method overload); "
-                    f"print func.name in a Tensor subclass's __fallback__ to find the name"
-                )
-            table[n] = BoundOp(
-                e.op,
-                n,
-                inplace=n.startswith("Inplace") or n in INPLACE_NAMES,
-                reflected=False,
-                is_dtensor=_is_dtensor,
-                tensor_type=Tensor,
-                platform="mindspore",
-                dt_type=MindSporeDTensor,
-            )
+    for e, n, _ in resolve_all(reg, "mindspore", resolve_ms_op):
+        if "." in n and n not in TENSOR_METHODS:
+            functions.append(n)
+        table[n] = BoundOp(
+            e.op,
+            n,
+            inplace=n.startswith("Inplace") or n in INPLACE_NAMES,
+            reflected=False,
+            is_dtensor=_is_dtensor,
+            tensor_type=Tensor,
+            platform="mindspore",
+            dt_type=MindSporeDTensor,
+        )
     if functions:
         from .functions import install
 

@@ -2,7 +2,8 @@
 
 Every ``torch:`` name of every entry (``torch.add``, ``Tensor.add_``,
 ``torch.nn.functional.linear``, ``Tensor.__radd__``...) is resolved to the function object
-``__torch_function__`` receives; names ending in ``_`` (and ``__iadd__``-style operators)
+``__torch_function__`` receives (the resolver the platform declares in
+:mod:`hyper_shard.platform.bindings`); names ending in ``_`` (and ``__iadd__``-style operators)
 are in-place, ``__radd__``-style ones reflected.
 """
 
@@ -16,13 +17,16 @@ from torch._C import DisableTorchFunctionSubclass
 
 from ...dispatch.dispatcher import Dispatcher
 from ...dispatch.op import BoundOp, Decision
-from ...errors import OpSpecError
+from ...registry.platforms import resolve_all
 from ...registry.registry import RELOAD_HOOKS, Registry, get_registry
 from .dtensor import TorchDTensor as _DT
 from .dtensor import wrap as _wrap
 from .names import aten_aliases, resolve_torch_op, torch_op_name
 
-__all__ = ["torch_dispatch", "build_torch_table", "DISPATCHER"]
+__all__ = ["torch_dispatch", "build_torch_table", "DISPATCHER", "KEY"]
+
+#: the platform's key (YAML ``torch:``; :data:`hyper_shard.platform.bindings.TORCH`)
+KEY = "torch"
 
 _INPLACE_DUNDERS = {
     "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
@@ -49,7 +53,8 @@ def _is_dtensor(x: Any) -> bool:
 
 
 def build_torch_table(reg: Registry) -> dict[Any, BoundOp]:
-    """torch function -> BoundOp for every ``torch:`` name in the registry.
+    """torch function -> BoundOp for every ``torch:`` name in the registry (resolved by
+    :func:`~hyper_shard.platform.torch.names.resolve_torch_op`).
 
     Raises:
         OpSpecError: a name that is not a torch function (names file, entry, field).
@@ -60,24 +65,18 @@ def build_torch_table(reg: Registry) -> dict[Any, BoundOp]:
         return isinstance(x, TorchDTensor)
 
     table: dict[Any, BoundOp] = {}
-    for e in reg.entries.values():
-        for n in e.torch:
-            try:
-                fn = resolve_torch_op(n)
-            except LookupError as err:
-                if getattr(e.op, "lenient_names", False):  # hyper-parallel's YAML spans versions
-                    continue
-                raise OpSpecError(f"{e.file}: entry {e.name!r}, field 'torch': {err}") from None
-            inplace, reflected = _flags(n)
-            table[fn] = BoundOp(
-                e.op,
-                n,
-                inplace=inplace,
-                reflected=reflected,
-                is_dtensor=is_dt,
-                tensor_type=torch.Tensor,
-                dt_type=TorchDTensor,
-            )
+    for e, n, fn in resolve_all(reg, KEY, resolve_torch_op):
+        inplace, reflected = _flags(n)
+        table[fn] = BoundOp(
+            e.op,
+            n,
+            inplace=inplace,
+            reflected=reflected,
+            is_dtensor=is_dt,
+            tensor_type=torch.Tensor,
+            platform=KEY,
+            dt_type=TorchDTensor,
+        )
     return table
 
 
@@ -88,7 +87,7 @@ _TABLE_OF: list[Registry | None] = [None]
 def _lookup(func: Any) -> BoundOp | None:
     reg = get_registry()
     if _TABLE_OF[0] is not reg:
-        table = reg.binding("torch", build_torch_table)
+        table = reg.binding(KEY, build_torch_table)
         _TABLE.clear()
         _TABLE.update(table)
         _TABLE_OF[0] = reg
@@ -113,6 +112,7 @@ def _bind_aten(func: Any) -> BoundOp | None:
             reflected=False,
             is_dtensor=_is_dtensor,
             tensor_type=torch.Tensor,
+            platform=KEY,
             dt_type=known.dt_type,
         )
         _TABLE[func] = bound
