@@ -130,7 +130,7 @@ class DeviceMesh:
         if _abstract:
             self._rank = ranks[0] if _rank is None else _rank
         else:
-            from .platform.select import get_platform
+            from ._locator import get_platform
 
             self._platform = get_platform(platform, device_type=device_type)
             self._platform.ensure_initialized(device_type, timeout)
@@ -492,7 +492,7 @@ def as_mesh(mesh: Any, what: str = "this call") -> DeviceMesh:
         return cur
     mod = type(mesh).__module__.split(".")[0]
     if mod in ("torch", "mindspore"):
-        from .platform.select import get_platform
+        from ._locator import get_platform
 
         convert = getattr(get_platform(mod), "foreign_mesh", None)
         out = convert(mesh) if convert is not None else None
@@ -533,7 +533,7 @@ def _rebuild_mesh(
     strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
     rank = ranks[sum(c * s for c, s in zip(coordinate, strides))] if coordinate else ranks[0]
     detached = DeviceMesh(device_type, mesh, mesh_dim_names=names, _rank=rank, _abstract=True)
-    from .platform.select import get_platform
+    from ._locator import get_platform
 
     detached._platform = get_platform(None, device_type=device_type)
     detached._detached = True
@@ -571,7 +571,7 @@ def init_device_mesh(
         ValueError: a timeout that is not positive.
         TypeError: a timeout that is neither a timedelta nor a number.
     """
-    from .platform.select import get_platform
+    from ._locator import get_platform
 
     if isinstance(device_type, str) and ":" in device_type:
         raise MeshError(

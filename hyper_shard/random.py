@@ -133,7 +133,7 @@ def get_rng_tracker() -> OffsetRNGTracker:
 def _framework(device_mesh: DeviceMesh | None) -> str:
     if device_mesh is not None and not device_mesh.is_abstract:
         return device_mesh.platform.name
-    from .platform.select import get_platform
+    from ._locator import get_platform
 
     return get_platform().name
 

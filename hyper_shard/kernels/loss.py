@@ -25,12 +25,29 @@ never gathered. Written against the Platform protocol (torch and MindSpore alike
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from ..dispatch.op import Binder
 from . import all_reduce, all_reduce_sum, input_as_dtype, numel
+from .loss_gather import gathered_loss
 
-__all__ = ["GlobalMeanLoss", "ClassParallelLoss", "ShardedLogSoftmax", "sharded_log_softmax"]
+__all__ = [
+    "GlobalMeanLoss",
+    "ClassParallelLoss",
+    "ShardedLogSoftmax",
+    "sharded_log_softmax",
+    "LOSS_PARALLEL",
+    "loss_parallel_enabled",
+]
+
+#: depth of nested ``loss_parallel()`` contexts in the current thread/task
+LOSS_PARALLEL: ContextVar[int] = ContextVar("hyper_shard_loss_parallel", default=0)
+
+
+def loss_parallel_enabled() -> bool:
+    """True inside :func:`hyper_shard.parallel.loss_parallel` (this thread/task only)."""
+    return LOSS_PARALLEL.get() > 0
 
 
 def _args(b: Binder, args: tuple, kwargs: dict) -> tuple:
@@ -217,11 +234,7 @@ class ClassParallelLoss:
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from ..rules.loss import loss_parallel_enabled
-
         if not loss_parallel_enabled():  # as PyTorch: gather the classes (hint once)
-            from .loss_gather import gathered_loss
-
             return gathered_loss(self, args, kwargs)
         return self.compute(args, kwargs)
 

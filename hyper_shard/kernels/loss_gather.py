@@ -17,8 +17,8 @@ import copy
 import warnings
 from typing import Any
 
-from ..dtensor import redistribute_local
 from ..placement import Replicate, Shard
+from ..redistribute.executor import redistribute_local
 
 __all__ = ["gathered_loss"]
 

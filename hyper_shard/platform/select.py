@@ -19,6 +19,7 @@ import os
 import sys
 from typing import Any
 
+from .. import _locator
 from .base import Platform
 
 __all__ = ["get_platform", "platform_of_tensor", "platform_for_device"]
@@ -131,3 +132,6 @@ def platform_of_tensor(t: Any) -> Platform:
     ):
         return _load("mindspore")
     raise TypeError(f"expected a torch or MindSpore tensor, got {type(t).__name__}")
+
+
+_locator.install(get_platform, platform_of_tensor)

@@ -23,6 +23,7 @@ from .._creation import local_stride
 from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..errors import ShardingError
 from ..placement import Replicate, Shard
+from ..redistribute.executor import redistribute_local
 from ..spec import global_stride, view_stride
 from . import register_rule
 
@@ -67,8 +68,6 @@ class _GatheredAsStrided:
         self.size, self.stride, self.offset = size, stride, offset
 
     def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
-        from ..dtensor import redistribute_local
-
         plat, spec = self.plat, self.spec
         gst = global_stride(spec.shape, plat.shape(x), local_stride(plat, x))
         full = redistribute_local(plat, x, spec, spec.with_placements((R,) * spec.mesh.ndim))
