@@ -38,7 +38,9 @@ def _impl(name: str) -> Callable[..., Any]:
     return fn
 
 
-def get_platform(platform: Any = None, *, device_type: str | None = None) -> Platform:
+def get_platform(
+    platform: str | Platform | None = None, *, device_type: str | None = None
+) -> Platform:
     """The Platform to use: see :func:`hyper_shard.platform.select.get_platform`."""
     plat: Platform = _impl("get")(platform, device_type=device_type)
     return plat

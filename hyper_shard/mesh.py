@@ -92,7 +92,7 @@ class DeviceMesh:
         mesh: Any,
         *,
         mesh_dim_names: Sequence[str] | None = None,
-        platform: Any = None,
+        platform: str | Platform | None = None,
         timeout: Any = None,
         _rank: int | None = None,
         _groups: Sequence[Any] | None = None,
@@ -545,7 +545,7 @@ def init_device_mesh(
     mesh_shape: Sequence[int],
     *,
     mesh_dim_names: Sequence[str] | None = None,
-    platform: Any = None,
+    platform: str | Platform | None = None,
     timeout: Any = None,
 ) -> DeviceMesh:
     """Build a DeviceMesh of ``mesh_shape`` over all ranks (as ``torch.distributed.device_mesh

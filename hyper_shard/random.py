@@ -36,9 +36,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .mesh import DeviceMesh
+
+if TYPE_CHECKING:
+    from .platform.base import LocalOps
 
 __all__ = [
     "OffsetRNGTracker",
@@ -73,7 +76,7 @@ class OffsetRNGTracker:
 
     def draw_shard(
         self,
-        plat: Any,
+        plat: LocalOps,
         draw_global: Callable[[], Any],
         offset: Sequence[int],
         local_shape: Sequence[int],

@@ -19,9 +19,12 @@ reduction's identity first (the local kernel refuses an empty reduction).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import all_reduce
+
+if TYPE_CHECKING:
+    from ..platform.base import LocalOps
 
 __all__ = ["ExactExtremum"]
 
@@ -49,7 +52,7 @@ class ExactExtremum:
         self.pad_dims, self.fill, self.mesh, self.dtype = pad_dims, fill, mesh, dtype
         self.groups = tuple(groups)
 
-    def _reduce(self, plat: Any, x: Any, keepdim: bool) -> Any:
+    def _reduce(self, plat: LocalOps, x: Any, keepdim: bool) -> Any:
         for d in self.pad_dims:
             shape = list(plat.shape(x))
             shape[d] = 1

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from ..redistribute.cost import COLLECTIVES, DEFAULT_COST_MODEL, CostModel
 from . import compose
@@ -63,6 +63,14 @@ __all__ = [
 
 #: the collectives every platform runs natively (the others may be composed from them)
 REQUIRED_COLLECTIVES = frozenset({"all_gather", "all_reduce"})
+
+
+def _missing(plat: object, method: str, what: str = "") -> NoReturn:
+    """The default of a primitive a platform does not implement: a clear error."""
+    raise NotImplementedError(
+        f"{type(plat).__name__} {what or 'does not implement ' + method} "
+        f"(Platform.{method}; see hyper_shard/platform/base.py)"
+    )
 
 
 class GroupRanks:
@@ -121,18 +129,18 @@ class Comm(Protocol):
         """Initialise the default process group from the launcher's environment if needed,
         with ``timeout`` (a timedelta or seconds; None: :mod:`hyper_shard.platform.timeouts`)
         where the backend takes one."""
-        raise NotImplementedError
+        _missing(self, "ensure_initialized")
 
     def get_rank(self) -> int:
-        raise NotImplementedError
+        _missing(self, "get_rank")
 
     def get_world_size(self) -> int:
-        raise NotImplementedError
+        _missing(self, "get_world_size")
 
     def new_group(self, ranks: Sequence[int], timeout: Any = None) -> Any:
         """Create a process group over ``ranks`` (called by every rank, in the same order)
         whose collectives fail after ``timeout`` where the backend supports one."""
-        raise NotImplementedError
+        _missing(self, "new_group")
 
     def native_group(self, group: Any) -> Any:
         """What ``DeviceMesh.get_group`` hands users: the framework's own group object
@@ -142,7 +150,7 @@ class Comm(Protocol):
     def group_from_native(self, native: Any) -> Any:
         """hyper_shard's group over a framework process group a user made (for
         ``DeviceMesh.from_group``)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot build a mesh from a group")
+        _missing(self, "group_from_native", "cannot build a mesh from a group")
 
     def foreign_mesh(self, mesh: Any) -> DeviceMesh | None:
         """The framework's own device-mesh object as a hyper_shard DeviceMesh over the same
@@ -161,40 +169,40 @@ class Comm(Protocol):
 
     def all_gather(self, t: Any, group: Any, n: int) -> list[Any]:
         """Every rank's ``t`` (same shape on every rank), in mesh-coordinate order."""
-        raise NotImplementedError
+        _missing(self, "all_gather")
 
     def all_reduce(self, t: Any, op: str, group: Any) -> Any:
         """A new tensor: the reduction (``sum``/``avg``/``max``/``min``/``prod``) of ``t``."""
-        raise NotImplementedError
+        _missing(self, "all_reduce")
 
     def reduce_scatter(self, pieces: Sequence[Any], op: str, group: Any) -> Any:
         """Native only: piece ``c`` (equal shapes) reduced over the group lands on mesh
         coordinate ``c``. Callers use :func:`hyper_shard.platform.compose.reduce_scatter`."""
-        raise NotImplementedError
+        _missing(self, "reduce_scatter")
 
     def all_to_all(self, pieces: Sequence[Any], group: Any) -> list[Any]:
         """Native only: piece ``c`` goes to coordinate ``c``; returns the pieces received,
         by sender. Callers use :func:`hyper_shard.platform.compose.all_to_all`."""
-        raise NotImplementedError
+        _missing(self, "all_to_all")
 
     def send_recv(self, t: Any, dst: int, like: Any, src: int, group: Any) -> Any:
         """Native only: send ``t`` to mesh coordinate ``dst`` of the group and receive, at
         the same time (no deadlock whatever the pairing), a tensor shaped and typed like
         ``like`` from coordinate ``src``; returns it."""
-        raise NotImplementedError
+        _missing(self, "send_recv")
 
     def broadcast(self, t: Any, src_group_rank: int, group: Any) -> Any:
-        raise NotImplementedError
+        _missing(self, "broadcast")
 
     def all_gather_object(self, obj: Any, group: Any, n: int) -> list[Any]:
         """Every rank's small python object, in mesh-coordinate order."""
-        raise NotImplementedError
+        _missing(self, "all_gather_object")
 
     def all_gather_bytes(self, data: bytes, group: Any, n: int) -> list[bytes]:
         """Every rank's ``data`` (the same length, a multiple of 4, on every rank), in
         mesh-coordinate order: one small all-gather, not recorded (the consistency mode's
         fingerprint exchange)."""
-        raise NotImplementedError
+        _missing(self, "all_gather_bytes")
 
 
 # ---------------------------------------------------------------------- local ops
@@ -204,156 +212,154 @@ class LocalOps(Protocol):
     the same name (dims may be negative)."""
 
     def shape(self, t: Any) -> tuple[int, ...]:
-        raise NotImplementedError
+        _missing(self, "shape")
 
     def narrow(self, t: Any, dim: int, start: int, length: int) -> Any:
-        raise NotImplementedError
+        _missing(self, "narrow")
 
     def cat(self, ts: Sequence[Any], dim: int) -> Any:
-        raise NotImplementedError
+        _missing(self, "cat")
 
     def pad_dim(self, t: Any, dim: int, size: int) -> Any:
         """Zero-pad ``t`` at the end of ``dim`` to ``size``."""
-        raise NotImplementedError
+        _missing(self, "pad_dim")
 
     def embed(self, t: Any, dim: int, start: int, extent: int) -> Any:
         """Zeros with ``extent`` along ``dim`` and ``t`` placed at ``start``."""
-        raise NotImplementedError
+        _missing(self, "embed")
 
     def zeros_like(self, t: Any) -> Any:
-        raise NotImplementedError
+        _missing(self, "zeros_like")
 
     def ones_like(self, t: Any) -> Any:
-        raise NotImplementedError
+        _missing(self, "ones_like")
 
     def scale(self, t: Any, factor: float) -> Any:
-        raise NotImplementedError
+        _missing(self, "scale")
 
     def eq_mask(self, a: Any, b: Any) -> Any:
         """``a == b`` as a tensor of ``a``'s dtype (1 where equal, 0 elsewhere)."""
-        raise NotImplementedError
+        _missing(self, "eq_mask")
 
     def mul(self, a: Any, b: Any) -> Any:
-        raise NotImplementedError
+        _missing(self, "mul")
 
     def div(self, a: Any, b: Any) -> Any:
-        raise NotImplementedError
+        _missing(self, "div")
 
     def exp(self, t: Any) -> Any:
-        raise NotImplementedError
+        _missing(self, "exp")
 
     def log(self, t: Any) -> Any:
-        raise NotImplementedError
+        _missing(self, "log")
 
     def amax(self, t: Any, dim: int | Sequence[int], keepdim: bool = False) -> Any:
         """The maximum over ``dim`` (an int or a sequence), as ``torch.amax``."""
-        raise NotImplementedError
+        _missing(self, "amax")
 
     def amin(self, t: Any, dim: int | Sequence[int], keepdim: bool = False) -> Any:
-        raise NotImplementedError
+        _missing(self, "amin")
 
     def sum(self, t: Any, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:
         """The sum over ``dim`` (None: every element, a 0-d result), as ``torch.sum``."""
-        raise NotImplementedError
+        _missing(self, "sum")
 
     def where(self, cond: Any, a: Any, b: Any) -> Any:
         """``a`` where ``cond`` else ``b`` (``b`` may be a python scalar), as ``torch.where``."""
-        raise NotImplementedError
+        _missing(self, "where")
 
     def gather(self, t: Any, dim: int, index: Any) -> Any:
         """As ``torch.gather(t, dim, index)``: ``out[i][j] = t[i][index[i][j]]`` along ``dim``."""
-        raise NotImplementedError
+        _missing(self, "gather")
 
     def take_rows(self, t: Any, index: Any) -> Any:
         """``t[index]``: rows of ``t`` along dim 0 picked by an integer tensor of any shape."""
-        raise NotImplementedError
+        _missing(self, "take_rows")
 
     def stack(self, ts: Sequence[Any], dim: int) -> Any:
-        raise NotImplementedError
+        _missing(self, "stack")
 
     def select(self, t: Any, dim: int, index: int) -> Any:
         """``t`` at ``index`` along ``dim``, which is removed (as ``torch.select``)."""
-        raise NotImplementedError
+        _missing(self, "select")
 
     def unsqueeze(self, t: Any, dim: int) -> Any:
-        raise NotImplementedError
+        _missing(self, "unsqueeze")
 
     def squeeze(self, t: Any, dim: int) -> Any:
-        raise NotImplementedError
+        _missing(self, "squeeze")
 
     def transpose(self, t: Any, dim0: int, dim1: int) -> Any:
-        raise NotImplementedError
+        _missing(self, "transpose")
 
     def movedim(self, t: Any, source: int, destination: int) -> Any:
         """``t`` with dim ``source`` moved to ``destination`` (a view; as ``torch.movedim``)."""
-        raise NotImplementedError
+        _missing(self, "movedim")
 
     def reshape(self, t: Any, shape: Sequence[int]) -> Any:
         """``t`` viewed with ``shape`` (same elements, row-major; a view where possible)."""
-        raise NotImplementedError
+        _missing(self, "reshape")
 
     def matmul(self, a: Any, b: Any) -> Any:
-        raise NotImplementedError
+        _missing(self, "matmul")
 
     def softmax(self, t: Any, dim: int) -> Any:
-        raise NotImplementedError
+        _missing(self, "softmax")
 
     def isfinite(self, t: Any) -> Any:
-        raise NotImplementedError
+        _missing(self, "isfinite")
 
     def repeat_interleave(self, t: Any, repeats: int, dim: int) -> Any:
-        raise NotImplementedError
+        _missing(self, "repeat_interleave")
 
     def full(self, shape: Sequence[int], value: Any, like: Any, dtype: Any = None) -> Any:
         """A new tensor of ``shape`` filled with ``value``, with ``like``'s dtype (or
         ``dtype``) and device."""
-        raise NotImplementedError
+        _missing(self, "full")
 
     def arange(self, start: int, end: int, like: Any) -> Any:
         """The integers ``[start, end)`` (int64) on ``like``'s device."""
-        raise NotImplementedError
+        _missing(self, "arange")
 
     def new_tensor(
         self, kind: str, shape: Sequence[int], fill_value: Any, dtype: Any, device: Any = None
     ) -> Any:
         """A new plain tensor (kind: zeros/ones/empty/full/rand/randn) on the mesh's device
         type ``device``."""
-        raise NotImplementedError
+        _missing(self, "new_tensor")
 
     def clone(self, t: Any) -> Any:
         """An owned contiguous copy of local ``t`` (differentiable; never a view)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot clone local tensors")
+        _missing(self, "clone", "cannot clone local tensors")
 
     def detach(self, t: Any) -> Any:
-        raise NotImplementedError
+        _missing(self, "detach")
 
     def contiguous(self, t: Any) -> Any:
-        raise NotImplementedError
+        _missing(self, "contiguous")
 
     def cast(self, t: Any, dtype: Any) -> Any:
         """``t`` converted to ``dtype`` (differentiable; a plain local tensor)."""
-        raise NotImplementedError(
-            f"{type(self).__name__} cannot cast local tensors (forward_dtype/backward_dtype)"
-        )
+        _missing(self, "cast", "cannot cast local tensors (forward_dtype/backward_dtype)")
 
     def dropout(self, t: Any, p: float) -> Any:
         """The framework's own training-mode dropout of ``t`` (``input * mask / (1 - p)``),
         drawn from its default generator."""
-        raise NotImplementedError
+        _missing(self, "dropout")
 
     def no_grad(self) -> AbstractContextManager[Any]:
         """A context in which the framework records no gradients."""
-        raise NotImplementedError
+        _missing(self, "no_grad")
 
     def is_tensor(self, obj: Any) -> bool:
-        raise NotImplementedError
+        _missing(self, "is_tensor")
 
     def is_dtype(self, obj: Any) -> bool:
         """True if ``obj`` is one of the framework's dtypes."""
-        raise NotImplementedError
+        _missing(self, "is_dtype")
 
     def dtype_of(self, t: Any) -> Any:
-        raise NotImplementedError
+        _missing(self, "dtype_of")
 
     def loss_precision(self, t: Any) -> Any:
         """``t`` in the precision the framework's autocast runs losses in (torch: float32
@@ -363,16 +369,16 @@ class LocalOps(Protocol):
     def assign(self, dst: Any, src: Any, no_grad: bool = False) -> Any:
         """Write ``src``'s values into the plain local tensor ``dst`` in place; returns
         ``dst``. ``no_grad``: outside autograd (as ``nn.init`` writes)."""
-        raise NotImplementedError
+        _missing(self, "assign")
 
     def inplace_mul(self, dst: Any, other: Any) -> Any:
         """``dst *= other`` in place; returns ``dst``."""
-        raise NotImplementedError
+        _missing(self, "inplace_mul")
 
     def copy_plain(self, dst: Any, src: Any) -> None:
         """``dst`` (a plain local tensor, possibly a view) overwritten in place with ``src``
         (differentiable)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot copy into local tensors")
+        _missing(self, "copy_plain", "cannot copy into local tensors")
 
 
 # ---------------------------------------------------------------------- autograd
@@ -382,7 +388,7 @@ class Autograd(Protocol):
 
     def custom_autograd(self, fwd: Callable[[Any], Any], bwd: Callable[[Any], Any], x: Any) -> Any:
         """``fwd(x)`` recorded as one autograd node whose backward is ``bwd(grad)``."""
-        raise NotImplementedError
+        _missing(self, "custom_autograd")
 
     def alias_autograd(self, bwd: Callable[[Any], Any], x: Any) -> Any:
         """An alias of ``x`` (same data, no copy) recorded as one autograd node whose
@@ -393,7 +399,7 @@ class Autograd(Protocol):
 
     def requires_grad(self, t: Any) -> bool:
         """Whether ``t`` takes part in a gradient computation right now."""
-        raise NotImplementedError
+        _missing(self, "requires_grad")
 
     def set_requires_grad(self, t: Any) -> Any:
         """Mark a new local tensor as requiring gradients (where the framework records it
@@ -419,23 +425,23 @@ class Wrapping(Protocol):
 
     def wrap(self, local: Any, spec: DTensorSpec) -> Any:
         """Wrap a local tensor (keeping its autograd history) as this platform's DTensor."""
-        raise NotImplementedError
+        _missing(self, "wrap")
 
     def make_leaf(self, local: Any, spec: DTensorSpec, requires_grad: bool) -> Any:
         """A new autograd leaf DTensor over ``local``'s data."""
-        raise NotImplementedError
+        _missing(self, "make_leaf")
 
     def local_of(self, dt: Any) -> Any:
         """The local tensor of a DTensor as a plain framework tensor (alias, keeps autograd)."""
-        raise NotImplementedError
+        _missing(self, "local_of")
 
     def tensor_meta(self, t: Any, shape: Sequence[int] | None = None) -> TensorMeta:
         """TensorMeta of a plain tensor (global ``shape`` if given, else ``t``'s)."""
-        raise NotImplementedError
+        _missing(self, "tensor_meta")
 
     def copy_into(self, dst: Any, src: Any) -> None:
         """Copy DTensor ``src``'s local data into DTensor ``dst``'s (same layout), in place."""
-        raise NotImplementedError
+        _missing(self, "copy_into")
 
     def version(self, t: Any) -> int | None:
         """A counter that changes whenever ``t``'s data is written in place, or None if the
@@ -468,9 +474,7 @@ class Wrapping(Protocol):
         Raises:
             NotImplementedError: the framework cannot run ops without data.
         """
-        raise NotImplementedError(
-            f"{type(self).__name__} cannot compute an op's output shapes without data"
-        )
+        _missing(self, "meta_output_shapes", "cannot compute an op's output shapes without data")
 
 
 # ---------------------------------------------------------------------- combinations
@@ -494,13 +498,13 @@ class FlatBuffers(CommOps, Protocol):
     def empty_flat(self, numel: int, dtype: Any, like: Any) -> Any:
         """An uninitialised 1-D tensor of ``numel`` elements of ``dtype`` on ``like``'s
         device (a plain tensor, outside autograd)."""
-        raise NotImplementedError
+        _missing(self, "empty_flat")
 
     def copy_flat(self, dst: Any, src: Any) -> None:
         """``dst[...] = src`` in place, element for element in row-major order (``dst``
         contiguous; ``src`` cast to ``dst``'s dtype; same number of elements), outside
         autograd."""
-        raise NotImplementedError
+        _missing(self, "copy_flat")
 
     def pack_chunks(self, tensors: Sequence[Any], n: int, out: Any) -> None:
         """Write every tensor's ``n`` dim-0 ``torch.chunk`` pieces, each padded to
@@ -547,10 +551,12 @@ class FlatBuffers(CommOps, Protocol):
     def free_storage(self, t: Any) -> None:
         """Release ``t``'s memory, keeping the tensor object (and every view and autograd
         reference to it) valid for a later :meth:`alloc_storage`. A platform without
-        storage resizing may leave the memory allocated."""
+        storage resizing may leave the memory allocated (the default)."""
+        return None
 
     def alloc_storage(self, t: Any) -> None:
         """Give a tensor freed by :meth:`free_storage` its memory back (contents undefined)."""
+        return None
 
     def all_gather_into(self, out: Any, inp: Any, group: Any, async_op: bool = False) -> Any:
         """All-gather flat ``inp`` (``k`` elements) into flat ``out`` (``n * k``), chunk
