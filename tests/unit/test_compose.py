@@ -18,7 +18,7 @@ import torch
 from hyper_shard.mesh import DeviceMesh
 from hyper_shard.placement import Partial, Shard
 from hyper_shard.platform import compose
-from hyper_shard.platform.base import GroupRanks
+from hyper_shard.platform.base import GroupRanks, Platform
 from hyper_shard.platform.torch import TorchPlatform
 from hyper_shard.redistribute.cost import DEFAULT_COST_MODEL
 from hyper_shard.redistribute.executor import execute_plan, step_route
@@ -59,9 +59,12 @@ class _Sim(TorchPlatform):
     """Torch local primitives; every native collective through the exchange, limited to
     ``native``; counts the native collectives it ran."""
 
-    def __init__(self, ex: _Exchange, native: frozenset[str]) -> None:
+    def __init__(self, ex: _Exchange, native: frozenset[str], me: int) -> None:
         super().__init__()
-        self.ex, self.native_collectives, self.ran = ex, native, []
+        self.ex, self.native_collectives, self.ran, self.me = ex, native, [], me
+
+    def get_rank(self) -> int:
+        return self.me
 
     def _run(self, name: str) -> None:
         assert name in self.native_collectives, f"{name} is not native here"
@@ -104,7 +107,7 @@ def _ranks(n: int, native: frozenset[str], fn: Any) -> list[Any]:
 
     def work(c: int) -> None:
         try:
-            out[c] = fn(c, _Group(tuple(range(n)), c), _Sim(ex, native))
+            out[c] = fn(c, _Group(tuple(range(n)), c), _Sim(ex, native, c))
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
             for b in ex.barriers.values():
@@ -247,3 +250,25 @@ def test_planning_needs_no_platform() -> None:
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("native", [BASE, BASE | {"reduce_scatter"}])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_fsdp_flat_collectives(native: frozenset[str], op: str) -> None:
+    """The FlatBuffers defaults (what FSDP calls where a platform has no native flat
+    collective): reduce-scatter of a flat buffer into this rank's chunk, all-gather of
+    flat chunks in mesh order."""
+    n, k = 3, 5
+    data = torch.randn(n, n * k, generator=torch.Generator().manual_seed(1))
+    total = data.sum(0) if op == "sum" else data.mean(0)
+
+    def fn(c: int, group: Any, plat: _Sim) -> Any:
+        out = torch.empty(k)
+        Platform.reduce_scatter_into(plat, out, data[c].clone(), op, group)
+        gathered = torch.empty(n * k)
+        Platform.all_gather_into(plat, gathered, out, group)
+        return out, gathered
+
+    for c, (out, gathered) in enumerate(_ranks(n, native, fn)):
+        torch.testing.assert_close(out, total.narrow(0, c * k, k))
+        torch.testing.assert_close(gathered, total)
