@@ -9,10 +9,10 @@ the native collective where it exists and otherwise the cheapest composition:
 * reduce-scatter = all-reduce + narrow, or all-gather of every rank's input + a local sum;
 * all-to-all = ``n - 1`` rounds of paired send/recv, or all-gather + a local pick.
 
-Which composition is the cheapest is the planner's decision (the routes and their prices
-are in the step table, :mod:`hyper_shard.redistribute.steps`): the executor passes the
-route the plan was priced with; other callers let :func:`route_for` choose with the
-platform's native set. Pieces are in mesh-coordinate order; uneven pieces (``torch.chunk``
+Which composition runs is the step table's (:mod:`hyper_shard.redistribute.steps`: the
+routes in order of preference, each priced as what it runs): the executor passes the route
+the plan was priced with; other callers let :func:`route_for` choose with the platform's
+native set. Pieces are in mesh-coordinate order; uneven pieces (``torch.chunk``
 sizes) are padded to the largest for a native collective and trimmed after.
 
 Framework-neutral: every tensor operation goes through the platform passed in.
@@ -23,11 +23,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..redistribute.cost import DEFAULT_COST_MODEL, CostModel
 from ..redistribute.steps import STEPS
 
 if TYPE_CHECKING:
-    from .base import CommOps, FlatBuffers, LocalOps
+    from .base import Comm, CommOps, FlatBuffers, LocalOps
 
 __all__ = [
     "route_for",
@@ -37,21 +36,12 @@ __all__ = [
     "all_gather_flat",
 ]
 
-_MODELS: dict[frozenset[str], CostModel] = {}
 
-
-def route_for(plat: CommOps, kind: str, nbytes_in: int = 0, nbytes_out: int = 0, n: int = 2) -> str:
+def route_for(plat: Comm, kind: str) -> str:
     """The route ``kind`` (``"reduce_scatter"``/``"all_to_all"``) runs by on ``plat``:
-    ``"native"`` where the platform has it, else the cheapest composition under the default
-    alpha-beta constants for the given sizes (see :meth:`StepKind.route`)."""
-    if plat.has(kind):
-        return "native"
-    cm = _MODELS.get(plat.native_collectives)
-    if cm is None:
-        cm = _MODELS[plat.native_collectives] = DEFAULT_COST_MODEL.with_native(
-            plat.native_collectives
-        )
-    return STEPS[kind].route(cm, 0, n, nbytes_in, nbytes_out)
+    ``"native"`` where the platform has it, else the first composition its native set
+    allows (see :meth:`~hyper_shard.redistribute.steps.StepKind.route`)."""
+    return STEPS[kind].route(plat.native_collectives)
 
 
 def _pad_to(plat: LocalOps, t: Any, d: int, size: int) -> Any:
@@ -64,13 +54,6 @@ def _split(plat: LocalOps, t: Any, d: int, sizes: Sequence[int]) -> list[Any]:
         out.append(plat.narrow(t, d, start, s))
         start += s
     return out
-
-
-def _nbytes(plat: LocalOps, t: Any) -> int:
-    n = 1
-    for s in plat.shape(t):
-        n *= s
-    return n * 4  # the size class is what matters to the choice, not the dtype
 
 
 def reduce_scatter(
@@ -98,7 +81,7 @@ def reduce_scatter(
         raise ValueError(f"reduce_scatter: reduce op {op!r} (use 'sum' or 'avg')")
     n = len(sizes)
     if route is None:
-        route = route_for(plat, "reduce_scatter", _nbytes(plat, t), _nbytes(plat, t) // n, n)
+        route = route_for(plat, "reduce_scatter")
     if route == "native":
         pieces = [_pad_to(plat, p, dim, sizes[0]) for p in _split(plat, t, dim, sizes)]
         out = plat.reduce_scatter(pieces, op, group)
@@ -137,7 +120,7 @@ def all_to_all(
     d, e, c = src_dim, dst_dim, coord
     n = len(dst_sizes)
     if route is None:
-        route = route_for(plat, "all_to_all", _nbytes(plat, t), _nbytes(plat, t), n)
+        route = route_for(plat, "all_to_all")
     if route == "all_gather":
         everyone = plat.all_gather(_pad_to(plat, t, d, src_sizes[0]), group, n)
         start = sum(dst_sizes[:c])

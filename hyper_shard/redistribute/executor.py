@@ -25,11 +25,11 @@ from ..flight.context import BackwardFrame, StepFrame, forward_context, stack
 from ..placement import Partial, Placement, Replicate, Shard
 from ..platform import compose
 from ..spec import DTensorSpec, chunk_sizes, split_orders
-from .planner import Plan, cost_model_for, plan_redistribute, state_bytes
+from .planner import Plan, plan_redistribute
 from .steps import STEPS, OrderedState
 
 if TYPE_CHECKING:
-    from ..platform.base import CommOps, Runtime
+    from ..platform.base import Comm, CommOps, Runtime
 
 __all__ = [
     "execute_plan",
@@ -84,23 +84,10 @@ def _coord(spec: DTensorSpec, m: int) -> int:
     return coord[m]
 
 
-def step_route(
-    plat: CommOps, spec: DTensorSpec, state: Sequence[Placement], m: int, kind: str, dst: Placement
-) -> str:
-    """The route a collective step runs by on ``plat``: the one the planner priced (the
-    cheapest the platform's native set allows for these shard sizes)."""
-    step = STEPS[kind]
-    if len(step.routes) == 1 or plat.has(kind):
-        return step.routes[0]
-    cm = cost_model_for(spec.mesh)
-    if cm.native != plat.native_collectives:  # a platform other than the mesh's (tests)
-        cm = cm.with_native(plat.native_collectives)
-    after = list(state)
-    after[m] = dst
-    ms, shape, size = spec.mesh.shape, spec.shape, spec.tensor_meta.itemsize
-    return step.route(
-        cm, m, ms[m], state_bytes(shape, ms, state, size), state_bytes(shape, ms, after, size)
-    )
+def step_route(plat: Comm, kind: str) -> str:
+    """The route a collective step runs by on ``plat``: the one the planner priced with the
+    platform's native set (:meth:`~hyper_shard.redistribute.steps.StepKind.route`)."""
+    return STEPS[kind].route(plat.native_collectives)
 
 
 # ---------------------------------------------------------------------- the runners
@@ -145,7 +132,7 @@ def _reduce_scatter(
     plat: CommOps, t: Any, spec: DTensorSpec, state: Any, m: int, src: Any, dst: Any
 ) -> Any:
     d = dst.dim
-    route = step_route(plat, spec, state, m, "reduce_scatter", dst)
+    route = step_route(plat, "reduce_scatter")
     return compose.reduce_scatter(
         plat, t, d, _sizes(spec, state, m, d), src.reduce_op, spec.mesh._group(m),
         _coord(spec, m), route,
@@ -156,7 +143,7 @@ def _all_to_all(
     plat: CommOps, t: Any, spec: DTensorSpec, state: Any, m: int, src: Any, dst: Any
 ) -> Any:
     d, e = src.dim, dst.dim
-    route = step_route(plat, spec, state, m, "all_to_all", dst)
+    route = step_route(plat, "all_to_all")
     return compose.all_to_all(
         plat, t, d, e, _sizes(spec, state, m, d), _sizes(spec, state, m, e),
         spec.mesh._group(m), _coord(spec, m), route,

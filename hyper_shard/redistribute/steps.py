@@ -44,8 +44,9 @@ local chunk/pad/partition              0          0                             
 =====================================  =========  ===========================  ==========
 
 A collective the platform lacks natively (its cost model's ``native`` set) is priced as
-the cheapest composition of the collectives it has (:meth:`StepKind.route`), and the
-executor runs exactly that composition (:mod:`hyper_shard.platform.compose`). Every step
+the composition that replaces it — the first of the kind's routes the platform can run
+(:meth:`StepKind.route`: all-reduce before all-gather, send/recv before all-gather) — and
+the executor runs exactly that composition (:mod:`hyper_shard.platform.compose`). Every step
 also costs ``step_penalty`` (fewer steps win ties).
 
 Gradient contract (see DESIGN.md): local autograd computes, on every rank, the derivative
@@ -125,10 +126,10 @@ class StepKind:
         name: the kind's name (``"all_gather"``...), as plans and counters spell it.
         source: the placement type it moves from (Replicate, Shard or Partial).
         collective: whether it communicates.
-        routes: the ways to run it, cheapest first when all are available: ``"native"``
-            (the collective of the same name) and the compositions
-            (:mod:`hyper_shard.platform.compose`), each named by the native collective it
-            uses; a local kind has the single route ``"local"``.
+        routes: the ways to run it, in order of preference: ``"native"`` (the collective
+            of the same name), then the compositions (:mod:`hyper_shard.platform.compose`),
+            each named by the native collective it uses; a local kind has the single route
+            ``"local"``.
     """
 
     name: ClassVar[str]
@@ -163,35 +164,32 @@ class StepKind:
             return None
         return self.name if route == "native" else route
 
-    def route(self, cm: CostModel, m: int, n: int, bytes_in: int, bytes_out: int) -> str:
-        """The cheapest route whose collective is native under ``cm`` (the one the
-        executor runs and the planner prices).
+    def route(self, native: frozenset[str]) -> str:
+        """The route the executor runs and the planner prices: the first of
+        :attr:`routes` whose collective is in ``native`` (the platform's native set). The order is by
+        measurement, not by the alpha-beta model, which cannot rank the compositions: on
+        mccl (MindSpore CPU, 2 ranks) reduce-scatter by all-gather + sum took 1.5-4x the
+        time of all-reduce + narrow (8 to 4096 rows of 256 floats) where the ring model
+        prices it lower.
 
         Raises:
             ValueError: no route is available (a platform without all-gather).
         """
-        if len(self.routes) == 1 or self.needs("native") in cm.native:
-            return self.routes[0]
-        best, price = "", 0.0
         for r in self.routes:
-            if self.needs(r) in cm.native:
-                c = self.route_cost(r, cm, m, n, bytes_in, bytes_out)
-                if not best or c < price:
-                    best, price = r, c
-        if not best:
-            raise ValueError(
-                f"redistribution step {self.name}: the platform runs none of "
-                f"{[self.needs(r) for r in self.routes]} natively (native: {sorted(cm.native)}); "
-                f"every platform must run all_gather and all_reduce"
-            )
-        return best
+            need = self.needs(r)
+            if need is None or need in native:
+                return r
+        raise ValueError(
+            f"redistribution step {self.name}: the platform runs none of "
+            f"{[self.needs(r) for r in self.routes]} natively (native: {sorted(native)}); "
+            f"every platform must run all_gather and all_reduce"
+        )
 
     def cost(self, cm: CostModel, m: int, n: int, bytes_in: int, bytes_out: int) -> float:
-        """Seconds for one step by its cheapest available route (see :meth:`route`)."""
+        """Seconds for one step by the route it runs by (see :meth:`route`)."""
         if n <= 1 and self.collective:
             return cm.step_penalty
-        r = self.route(cm, m, n, bytes_in, bytes_out)
-        return self.route_cost(r, cm, m, n, bytes_in, bytes_out)
+        return self.route_cost(self.route(cm.native), cm, m, n, bytes_in, bytes_out)
 
     def transpose(self, src: Placement, dst: Placement) -> Transpose | None:
         """The step the backward of ``src -> dst`` runs on the gradient (None: the

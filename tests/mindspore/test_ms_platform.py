@@ -58,10 +58,12 @@ def check_collectives(rank: int, world: int) -> dict:
 
     rs = STEPS["reduce_scatter"]
     routes = {r: rs.route_cost(r, cm, 0, 2, 4096, 2048) for r in rs.routes}
-    # priced as the cheapest composition of the native collectives, dearer than native
-    out["cost_rs_composed"] = cm.step_cost("reduce_scatter", 0, 2, 4096, 2048) == min(
-        routes["all_reduce"], routes["all_gather"]
-    ) and routes["native"] < min(routes["all_reduce"], routes["all_gather"])
+    # priced as the composition that runs (all-reduce + narrow), dearer than native
+    out["cost_rs_composed"] = (
+        rs.route(plat.native_collectives) == "all_reduce"
+        and cm.step_cost("reduce_scatter", 0, 2, 4096, 2048) == routes["all_reduce"]
+        and routes["native"] < routes["all_reduce"]
+    )
     out["dtype_f16"] = plat.all_reduce(x.astype(ms.float16), "sum", g).dtype == ms.float16
     return out
 
