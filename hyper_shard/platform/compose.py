@@ -41,7 +41,7 @@ def route_for(plat: Comm, kind: str) -> str:
     """The route ``kind`` (``"reduce_scatter"``/``"all_to_all"``) runs by on ``plat``:
     ``"native"`` where the platform has it, else the first composition its native set
     allows (see :meth:`~hyper_shard.redistribute.steps.StepKind.route`)."""
-    return STEPS[kind].route(plat.native_collectives)
+    return "native" if plat.has(kind) else STEPS[kind].route(plat.native_collectives)
 
 
 def _pad_to(plat: LocalOps, t: Any, d: int, size: int) -> Any:

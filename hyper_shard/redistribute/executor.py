@@ -87,7 +87,7 @@ def _coord(spec: DTensorSpec, m: int) -> int:
 def step_route(plat: Comm, kind: str) -> str:
     """The route a collective step runs by on ``plat``: the one the planner priced with the
     platform's native set (:meth:`~hyper_shard.redistribute.steps.StepKind.route`)."""
-    return STEPS[kind].route(plat.native_collectives)
+    return "native" if plat.has(kind) else STEPS[kind].route(plat.native_collectives)
 
 
 # ---------------------------------------------------------------------- the runners
