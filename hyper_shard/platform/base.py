@@ -7,8 +7,9 @@ A framework (torch, MindSpore, a test's simulated one) is one object that implem
   collective it lacks is composed once, for every platform, in
   :mod:`hyper_shard.platform.compose` (reduce-scatter from all-reduce or all-gather,
   all-to-all from send/recv or all-gather) and priced as such by the planner;
-* :class:`LocalOps` — the local tensor primitives the executor, the composed collectives
-  and the neutral kernels (:mod:`hyper_shard.kernels`) are written with (``narrow``,
+* :class:`LocalOps` (:mod:`hyper_shard.platform.local_ops`) — the local tensor primitives
+  the executor, the composed collectives and the neutral kernels
+  (:mod:`hyper_shard.kernels`) are written with (``narrow``,
   ``cat``, ``exp``, ``amax``, ``gather``, ``where``...): plain local tensors in and out,
   recorded by the framework's own autograd; arithmetic, comparisons and ``&``/``~`` use
   the tensors' Python operators, which both frameworks share;
@@ -38,11 +39,11 @@ Nothing here imports a framework.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..redistribute.cost import COLLECTIVES, DEFAULT_COST_MODEL, CostModel
 from . import compose
+from .local_ops import LocalOps, unimplemented
 
 if TYPE_CHECKING:
     from ..mesh import DeviceMesh
@@ -63,14 +64,6 @@ __all__ = [
 
 #: the collectives every platform runs natively (the others may be composed from them)
 REQUIRED_COLLECTIVES = frozenset({"all_gather", "all_reduce"})
-
-
-def _missing(plat: object, method: str, what: str = "") -> NoReturn:
-    """The default of a primitive a platform does not implement: a clear error."""
-    raise NotImplementedError(
-        f"{type(plat).__name__} {what or 'does not implement ' + method} "
-        f"(Platform.{method}; see hyper_shard/platform/base.py)"
-    )
 
 
 class GroupRanks:
@@ -129,18 +122,18 @@ class Comm(Protocol):
         """Initialise the default process group from the launcher's environment if needed,
         with ``timeout`` (a timedelta or seconds; None: :mod:`hyper_shard.platform.timeouts`)
         where the backend takes one."""
-        _missing(self, "ensure_initialized")
+        unimplemented(self, "ensure_initialized")
 
     def get_rank(self) -> int:
-        _missing(self, "get_rank")
+        unimplemented(self, "get_rank")
 
     def get_world_size(self) -> int:
-        _missing(self, "get_world_size")
+        unimplemented(self, "get_world_size")
 
     def new_group(self, ranks: Sequence[int], timeout: Any = None) -> Any:
         """Create a process group over ``ranks`` (called by every rank, in the same order)
         whose collectives fail after ``timeout`` where the backend supports one."""
-        _missing(self, "new_group")
+        unimplemented(self, "new_group")
 
     def native_group(self, group: Any) -> Any:
         """What ``DeviceMesh.get_group`` hands users: the framework's own group object
@@ -150,7 +143,7 @@ class Comm(Protocol):
     def group_from_native(self, native: Any) -> Any:
         """hyper_shard's group over a framework process group a user made (for
         ``DeviceMesh.from_group``)."""
-        _missing(self, "group_from_native", "cannot build a mesh from a group")
+        unimplemented(self, "group_from_native", "cannot build a mesh from a group")
 
     def foreign_mesh(self, mesh: Any) -> DeviceMesh | None:
         """The framework's own device-mesh object as a hyper_shard DeviceMesh over the same
@@ -169,216 +162,40 @@ class Comm(Protocol):
 
     def all_gather(self, t: Any, group: Any, n: int) -> list[Any]:
         """Every rank's ``t`` (same shape on every rank), in mesh-coordinate order."""
-        _missing(self, "all_gather")
+        unimplemented(self, "all_gather")
 
     def all_reduce(self, t: Any, op: str, group: Any) -> Any:
         """A new tensor: the reduction (``sum``/``avg``/``max``/``min``/``prod``) of ``t``."""
-        _missing(self, "all_reduce")
+        unimplemented(self, "all_reduce")
 
     def reduce_scatter(self, pieces: Sequence[Any], op: str, group: Any) -> Any:
         """Native only: piece ``c`` (equal shapes) reduced over the group lands on mesh
         coordinate ``c``. Callers use :func:`hyper_shard.platform.compose.reduce_scatter`."""
-        _missing(self, "reduce_scatter")
+        unimplemented(self, "reduce_scatter")
 
     def all_to_all(self, pieces: Sequence[Any], group: Any) -> list[Any]:
         """Native only: piece ``c`` goes to coordinate ``c``; returns the pieces received,
         by sender. Callers use :func:`hyper_shard.platform.compose.all_to_all`."""
-        _missing(self, "all_to_all")
+        unimplemented(self, "all_to_all")
 
     def send_recv(self, t: Any, dst: int, like: Any, src: int, group: Any) -> Any:
         """Native only: send ``t`` to mesh coordinate ``dst`` of the group and receive, at
         the same time (no deadlock whatever the pairing), a tensor shaped and typed like
         ``like`` from coordinate ``src``; returns it."""
-        _missing(self, "send_recv")
+        unimplemented(self, "send_recv")
 
     def broadcast(self, t: Any, src_group_rank: int, group: Any) -> Any:
-        _missing(self, "broadcast")
+        unimplemented(self, "broadcast")
 
     def all_gather_object(self, obj: Any, group: Any, n: int) -> list[Any]:
         """Every rank's small python object, in mesh-coordinate order."""
-        _missing(self, "all_gather_object")
+        unimplemented(self, "all_gather_object")
 
     def all_gather_bytes(self, data: bytes, group: Any, n: int) -> list[bytes]:
         """Every rank's ``data`` (the same length, a multiple of 4, on every rank), in
         mesh-coordinate order: one small all-gather, not recorded (the consistency mode's
         fingerprint exchange)."""
-        _missing(self, "all_gather_bytes")
-
-
-# ---------------------------------------------------------------------- local ops
-class LocalOps(Protocol):
-    """Local tensor primitives: plain local tensors in and out, differentiable by the
-    framework's own autograd unless said otherwise. Semantics follow torch's functions of
-    the same name (dims may be negative)."""
-
-    def shape(self, t: Any) -> tuple[int, ...]:
-        _missing(self, "shape")
-
-    def narrow(self, t: Any, dim: int, start: int, length: int) -> Any:
-        _missing(self, "narrow")
-
-    def cat(self, ts: Sequence[Any], dim: int) -> Any:
-        _missing(self, "cat")
-
-    def pad_dim(self, t: Any, dim: int, size: int) -> Any:
-        """Zero-pad ``t`` at the end of ``dim`` to ``size``."""
-        _missing(self, "pad_dim")
-
-    def embed(self, t: Any, dim: int, start: int, extent: int) -> Any:
-        """Zeros with ``extent`` along ``dim`` and ``t`` placed at ``start``."""
-        _missing(self, "embed")
-
-    def zeros_like(self, t: Any) -> Any:
-        _missing(self, "zeros_like")
-
-    def ones_like(self, t: Any) -> Any:
-        _missing(self, "ones_like")
-
-    def scale(self, t: Any, factor: float) -> Any:
-        _missing(self, "scale")
-
-    def eq_mask(self, a: Any, b: Any) -> Any:
-        """``a == b`` as a tensor of ``a``'s dtype (1 where equal, 0 elsewhere)."""
-        _missing(self, "eq_mask")
-
-    def mul(self, a: Any, b: Any) -> Any:
-        _missing(self, "mul")
-
-    def div(self, a: Any, b: Any) -> Any:
-        _missing(self, "div")
-
-    def exp(self, t: Any) -> Any:
-        _missing(self, "exp")
-
-    def log(self, t: Any) -> Any:
-        _missing(self, "log")
-
-    def amax(self, t: Any, dim: int | Sequence[int], keepdim: bool = False) -> Any:
-        """The maximum over ``dim`` (an int or a sequence), as ``torch.amax``."""
-        _missing(self, "amax")
-
-    def amin(self, t: Any, dim: int | Sequence[int], keepdim: bool = False) -> Any:
-        _missing(self, "amin")
-
-    def sum(self, t: Any, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:
-        """The sum over ``dim`` (None: every element, a 0-d result), as ``torch.sum``."""
-        _missing(self, "sum")
-
-    def where(self, cond: Any, a: Any, b: Any) -> Any:
-        """``a`` where ``cond`` else ``b`` (``b`` may be a python scalar), as ``torch.where``."""
-        _missing(self, "where")
-
-    def gather(self, t: Any, dim: int, index: Any) -> Any:
-        """As ``torch.gather(t, dim, index)``: ``out[i][j] = t[i][index[i][j]]`` along ``dim``."""
-        _missing(self, "gather")
-
-    def take_rows(self, t: Any, index: Any) -> Any:
-        """``t[index]``: rows of ``t`` along dim 0 picked by an integer tensor of any shape."""
-        _missing(self, "take_rows")
-
-    def stack(self, ts: Sequence[Any], dim: int) -> Any:
-        _missing(self, "stack")
-
-    def select(self, t: Any, dim: int, index: int) -> Any:
-        """``t`` at ``index`` along ``dim``, which is removed (as ``torch.select``)."""
-        _missing(self, "select")
-
-    def unsqueeze(self, t: Any, dim: int) -> Any:
-        _missing(self, "unsqueeze")
-
-    def squeeze(self, t: Any, dim: int) -> Any:
-        _missing(self, "squeeze")
-
-    def transpose(self, t: Any, dim0: int, dim1: int) -> Any:
-        _missing(self, "transpose")
-
-    def movedim(self, t: Any, source: int, destination: int) -> Any:
-        """``t`` with dim ``source`` moved to ``destination`` (a view; as ``torch.movedim``)."""
-        _missing(self, "movedim")
-
-    def reshape(self, t: Any, shape: Sequence[int]) -> Any:
-        """``t`` viewed with ``shape`` (same elements, row-major; a view where possible)."""
-        _missing(self, "reshape")
-
-    def matmul(self, a: Any, b: Any) -> Any:
-        _missing(self, "matmul")
-
-    def softmax(self, t: Any, dim: int) -> Any:
-        _missing(self, "softmax")
-
-    def isfinite(self, t: Any) -> Any:
-        _missing(self, "isfinite")
-
-    def repeat_interleave(self, t: Any, repeats: int, dim: int) -> Any:
-        _missing(self, "repeat_interleave")
-
-    def full(self, shape: Sequence[int], value: Any, like: Any, dtype: Any = None) -> Any:
-        """A new tensor of ``shape`` filled with ``value``, with ``like``'s dtype (or
-        ``dtype``) and device."""
-        _missing(self, "full")
-
-    def arange(self, start: int, end: int, like: Any) -> Any:
-        """The integers ``[start, end)`` (int64) on ``like``'s device."""
-        _missing(self, "arange")
-
-    def new_tensor(
-        self, kind: str, shape: Sequence[int], fill_value: Any, dtype: Any, device: Any = None
-    ) -> Any:
-        """A new plain tensor (kind: zeros/ones/empty/full/rand/randn) on the mesh's device
-        type ``device``."""
-        _missing(self, "new_tensor")
-
-    def clone(self, t: Any) -> Any:
-        """An owned contiguous copy of local ``t`` (differentiable; never a view)."""
-        _missing(self, "clone", "cannot clone local tensors")
-
-    def detach(self, t: Any) -> Any:
-        _missing(self, "detach")
-
-    def contiguous(self, t: Any) -> Any:
-        _missing(self, "contiguous")
-
-    def cast(self, t: Any, dtype: Any) -> Any:
-        """``t`` converted to ``dtype`` (differentiable; a plain local tensor)."""
-        _missing(self, "cast", "cannot cast local tensors (forward_dtype/backward_dtype)")
-
-    def dropout(self, t: Any, p: float) -> Any:
-        """The framework's own training-mode dropout of ``t`` (``input * mask / (1 - p)``),
-        drawn from its default generator."""
-        _missing(self, "dropout")
-
-    def no_grad(self) -> AbstractContextManager[Any]:
-        """A context in which the framework records no gradients."""
-        _missing(self, "no_grad")
-
-    def is_tensor(self, obj: Any) -> bool:
-        _missing(self, "is_tensor")
-
-    def is_dtype(self, obj: Any) -> bool:
-        """True if ``obj`` is one of the framework's dtypes."""
-        _missing(self, "is_dtype")
-
-    def dtype_of(self, t: Any) -> Any:
-        _missing(self, "dtype_of")
-
-    def loss_precision(self, t: Any) -> Any:
-        """``t`` in the precision the framework's autocast runs losses in (torch: float32
-        for a half-precision input while autocast is on); ``t`` itself otherwise."""
-        return t
-
-    def assign(self, dst: Any, src: Any, no_grad: bool = False) -> Any:
-        """Write ``src``'s values into the plain local tensor ``dst`` in place; returns
-        ``dst``. ``no_grad``: outside autograd (as ``nn.init`` writes)."""
-        _missing(self, "assign")
-
-    def inplace_mul(self, dst: Any, other: Any) -> Any:
-        """``dst *= other`` in place; returns ``dst``."""
-        _missing(self, "inplace_mul")
-
-    def copy_plain(self, dst: Any, src: Any) -> None:
-        """``dst`` (a plain local tensor, possibly a view) overwritten in place with ``src``
-        (differentiable)."""
-        _missing(self, "copy_plain", "cannot copy into local tensors")
+        unimplemented(self, "all_gather_bytes")
 
 
 # ---------------------------------------------------------------------- autograd
@@ -388,7 +205,7 @@ class Autograd(Protocol):
 
     def custom_autograd(self, fwd: Callable[[Any], Any], bwd: Callable[[Any], Any], x: Any) -> Any:
         """``fwd(x)`` recorded as one autograd node whose backward is ``bwd(grad)``."""
-        _missing(self, "custom_autograd")
+        unimplemented(self, "custom_autograd")
 
     def alias_autograd(self, bwd: Callable[[Any], Any], x: Any) -> Any:
         """An alias of ``x`` (same data, no copy) recorded as one autograd node whose
@@ -399,7 +216,7 @@ class Autograd(Protocol):
 
     def requires_grad(self, t: Any) -> bool:
         """Whether ``t`` takes part in a gradient computation right now."""
-        _missing(self, "requires_grad")
+        unimplemented(self, "requires_grad")
 
     def set_requires_grad(self, t: Any) -> Any:
         """Mark a new local tensor as requiring gradients (where the framework records it
@@ -425,23 +242,23 @@ class Wrapping(Protocol):
 
     def wrap(self, local: Any, spec: DTensorSpec) -> Any:
         """Wrap a local tensor (keeping its autograd history) as this platform's DTensor."""
-        _missing(self, "wrap")
+        unimplemented(self, "wrap")
 
     def make_leaf(self, local: Any, spec: DTensorSpec, requires_grad: bool) -> Any:
         """A new autograd leaf DTensor over ``local``'s data."""
-        _missing(self, "make_leaf")
+        unimplemented(self, "make_leaf")
 
     def local_of(self, dt: Any) -> Any:
         """The local tensor of a DTensor as a plain framework tensor (alias, keeps autograd)."""
-        _missing(self, "local_of")
+        unimplemented(self, "local_of")
 
     def tensor_meta(self, t: Any, shape: Sequence[int] | None = None) -> TensorMeta:
         """TensorMeta of a plain tensor (global ``shape`` if given, else ``t``'s)."""
-        _missing(self, "tensor_meta")
+        unimplemented(self, "tensor_meta")
 
     def copy_into(self, dst: Any, src: Any) -> None:
         """Copy DTensor ``src``'s local data into DTensor ``dst``'s (same layout), in place."""
-        _missing(self, "copy_into")
+        unimplemented(self, "copy_into")
 
     def version(self, t: Any) -> int | None:
         """A counter that changes whenever ``t``'s data is written in place, or None if the
@@ -474,7 +291,9 @@ class Wrapping(Protocol):
         Raises:
             NotImplementedError: the framework cannot run ops without data.
         """
-        _missing(self, "meta_output_shapes", "cannot compute an op's output shapes without data")
+        unimplemented(
+            self, "meta_output_shapes", "cannot compute an op's output shapes without data"
+        )
 
 
 # ---------------------------------------------------------------------- combinations
@@ -498,13 +317,13 @@ class FlatBuffers(CommOps, Protocol):
     def empty_flat(self, numel: int, dtype: Any, like: Any) -> Any:
         """An uninitialised 1-D tensor of ``numel`` elements of ``dtype`` on ``like``'s
         device (a plain tensor, outside autograd)."""
-        _missing(self, "empty_flat")
+        unimplemented(self, "empty_flat")
 
     def copy_flat(self, dst: Any, src: Any) -> None:
         """``dst[...] = src`` in place, element for element in row-major order (``dst``
         contiguous; ``src`` cast to ``dst``'s dtype; same number of elements), outside
         autograd."""
-        _missing(self, "copy_flat")
+        unimplemented(self, "copy_flat")
 
     def pack_chunks(self, tensors: Sequence[Any], n: int, out: Any) -> None:
         """Write every tensor's ``n`` dim-0 ``torch.chunk`` pieces, each padded to
