@@ -19,6 +19,7 @@ from .errors import (
 from .mesh import DeviceMesh, init_device_mesh
 from .parallel.distribute import distribute_module
 from .placement import Partial, Placement, Replicate, Shard
+from .platform import select as _select  # noqa: F401  (installs the platform lookups)
 from .registry.loader import add_python_path_at_import as _add_python_path
 from .spec import DTensorSpec, TensorMeta
 

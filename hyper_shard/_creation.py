@@ -18,7 +18,7 @@ from .placement import Placement, Replicate, Shard
 from .spec import DTensorSpec, TensorMeta, chunk_sizes, contiguous_stride, global_stride
 
 if TYPE_CHECKING:
-    from .platform.base import Platform
+    from .platform.base import Comm, LocalOps, Platform, Wrapping
 
 __all__ = [
     "check_shape_stride_pair",
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 
-def check_shape_stride_pair(plat: Platform, shape: Any, stride: Any) -> None:
+def check_shape_stride_pair(plat: Wrapping, shape: Any, stride: Any) -> None:
     """``shape`` and ``stride`` go together, as PyTorch's ``DTensor.from_local`` requires
     (the global stride of a non-contiguous shard cannot be told from its shape alone).
     Platforms whose tensors carry no user-visible strides (MindSpore) accept ``shape``
@@ -50,7 +50,7 @@ def check_shape_stride_pair(plat: Platform, shape: Any, stride: Any) -> None:
     )
 
 
-def local_stride(plat: Platform, t: Any) -> tuple[int, ...]:
+def local_stride(plat: LocalOps, t: Any) -> tuple[int, ...]:
     """``t``'s strides where the platform reports them, else row-major ones."""
     fn = getattr(plat, "stride", None)
     return tuple(fn(t)) if fn is not None else contiguous_stride(plat.shape(t))
@@ -69,7 +69,7 @@ def even_global_shape(
 
 
 def infer_global_shape(
-    plat: Platform, mesh: DeviceMesh, placements: Sequence[Placement], local_shape: Sequence[int]
+    plat: Comm, mesh: DeviceMesh, placements: Sequence[Placement], local_shape: Sequence[int]
 ) -> tuple[int, ...]:
     """Global shape from every rank's local shape (one all-gather of sizes per sharding mesh
     dim), uneven ``torch.chunk`` shards included; every rank raises together on a layout
@@ -164,7 +164,7 @@ def _shapes_differ(metas: Sequence[tuple], placement: Placement) -> bool:
     return len({tuple(x for d, x in enumerate(s) if d != free) for s in shapes}) > 1
 
 
-def _any_rank(plat: Platform, mesh: DeviceMesh, flag: bool) -> bool:
+def _any_rank(plat: Comm, mesh: DeviceMesh, flag: bool) -> bool:
     """OR of ``flag`` over every rank of the mesh (one object gather per mesh dim)."""
     for m in range(mesh.ndim):
         flag = any(plat.all_gather_object(flag, mesh._group(m), mesh.shape[m]))
@@ -229,7 +229,7 @@ def has_replicate_to_broadcast(mesh: DeviceMesh, placements: Sequence[Placement]
 
 
 def broadcast_replicated(
-    plat: Platform, mesh: DeviceMesh, placements: Sequence[Placement], local: Any
+    plat: Comm, mesh: DeviceMesh, placements: Sequence[Placement], local: Any
 ) -> Any:
     """The local tensor with every ``Replicate`` mesh dim's coordinate-0 values taken by all
     ranks of that dim (``from_local(run_check=True)`` as PyTorch: replicas are made equal)."""
@@ -239,7 +239,7 @@ def broadcast_replicated(
     return local
 
 
-def empty_local(plat: Platform, mesh: DeviceMesh, dtype: Any, ndim: int) -> Any:
+def empty_local(plat: LocalOps, mesh: DeviceMesh, dtype: Any, ndim: int) -> Any:
     """The local shard of a rank outside the mesh, as PyTorch DTensor: an empty 1-D tensor
     (a 0-d zero for a 0-d DTensor) of ``dtype`` on the mesh's device."""
     if ndim == 0:

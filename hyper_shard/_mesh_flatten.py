@@ -111,8 +111,8 @@ def from_group(
     Raises:
         MeshError: a list of groups without ``mesh``, or a count that differs from its ndim.
     """
+    from ._locator import get_platform
     from .mesh import DeviceMesh, MeshError, _flatten
-    from .platform.select import get_platform
 
     plat = get_platform(None, device_type=device_type)
     natives = list(group) if isinstance(group, (list, tuple)) else [group]

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .dispatch.op import DistributedOp, Layout, OpCall
 from .dispatch.search import SingleDimStrategy
 from .errors import ShardingError
 from .placement import Placement
+
+if TYPE_CHECKING:
+    from .platform.base import Platform
 
 __all__ = ["OpSchemaInfo", "RegisteredSharding", "register"]
 
@@ -144,7 +147,7 @@ class _OnLocals:
 
     __slots__ = ("func", "platform")
 
-    def __init__(self, func: Any, platform: Any) -> None:
+    def __init__(self, func: Any, platform: Platform) -> None:
         self.func, self.platform = func, platform
 
     def _plain(self, v: Any) -> Any:
@@ -162,7 +165,7 @@ class _OnLocals:
         )
 
 
-def register(platform: Any, op: Any, fn: Callable[..., Any]) -> None:
+def register(platform: Platform, op: Any, fn: Callable[..., Any]) -> None:
     """Bind ``op`` (a framework op ``platform.op_schema`` understands) to strategy function
     ``fn``, replacing any earlier binding of the same names; the layout cache is cleared.
 
@@ -194,7 +197,7 @@ def register(platform: Any, op: Any, fn: Callable[..., Any]) -> None:
     R.add_runtime_entry(le)
 
 
-def unregister(platform: Any, op: Any) -> None:
+def unregister(platform: Platform, op: Any) -> None:
     """Drop ``op``'s :func:`register`-ed strategy (the op's earlier rule, if any, binds
     again); nothing happens if it has none."""
     from .registry import registry as R

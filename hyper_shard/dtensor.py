@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._locator import platform_of_tensor
 from .flight.context import RedistributeFrame, stack
 from .mesh import DeviceMesh, as_mesh
 from .placement import (
@@ -28,12 +29,12 @@ from .placement import (
     normalize_placements,
     strided_shard_order,
 )
-from .redistribute.executor import execute_plan, redistribute_with_plan
+from .redistribute.executor import execute_plan, redistribute_local, redistribute_with_plan
 from .redistribute.planner import plan_redistribute
 from .spec import DTensorSpec
 
 if TYPE_CHECKING:
-    from .platform.base import Platform
+    from .platform.base import CommOps, Runtime
 
 __all__ = [
     "DTensor",
@@ -134,7 +135,6 @@ class DTensor:
                 grad_placements,
             )  # fmt: skip
         from . import _creation as C
-        from .platform.select import platform_of_tensor
 
         device_mesh = as_mesh(device_mesh, "DTensor.from_local")
         plat = (
@@ -402,16 +402,8 @@ def _format(dt: Any) -> str:
 
 
 # ---------------------------------------------------------------------- helpers
-def redistribute_local(plat: Platform, local: Any, src: DTensorSpec, dst: DTensorSpec) -> Any:
-    """Redistribute a local shard from ``src`` to ``dst`` placements (autograd-aware)."""
-    plan = plan_redistribute(src, dst.placements, shard_order=dst.shard_order)
-    if not plan.steps:
-        return local
-    return redistribute_with_plan(plat, local, src, plan)
-
-
 def _redistribute_plain(
-    plat: Platform, g: Any, spec: DTensorSpec, dst: Sequence[Placement], shard_order: Any = "keep"
+    plat: CommOps, g: Any, spec: DTensorSpec, dst: Sequence[Placement], shard_order: Any = "keep"
 ) -> Any:
     """Redistribute a gradient (no autograd) from ``spec``'s placements to ``dst`` (shard
     order as :func:`plan_redistribute`)."""
@@ -439,7 +431,7 @@ def _needs_no_conversion(
 
 
 def local_derivative(
-    plat: Platform,
+    plat: Runtime,
     g: Any,
     g_placements: Sequence[Placement],
     spec: DTensorSpec,
@@ -487,7 +479,7 @@ def local_derivative(
 
 
 def _from_local_backward(
-    plat: Platform, g: Any, spec: DTensorSpec, grad_placements: Sequence[Placement] | None
+    plat: CommOps, g: Any, spec: DTensorSpec, grad_placements: Sequence[Placement] | None
 ) -> Any:
     """The gradient a ``from_local`` input receives: the local-derivative form ``g`` (read
     globally with :func:`grad_placement`) redistributed to ``grad_placements`` (default:
@@ -541,8 +533,6 @@ def distribute_tensor(
         ValueError: no mesh, placements that do not fit the mesh/tensor, or a DTensor on
             another mesh or with other placements (redistribute it instead).
     """
-    from .platform.select import platform_of_tensor
-
     device_mesh = as_mesh(device_mesh, "distribute_tensor")
     placements = tuple(placements) if placements is not None else (Replicate(),) * device_mesh.ndim
     placements, strided = strided_shard_order(

@@ -92,7 +92,7 @@ class DeviceMesh:
         mesh: Any,
         *,
         mesh_dim_names: Sequence[str] | None = None,
-        platform: Any = None,
+        platform: str | Platform | None = None,
         timeout: Any = None,
         _rank: int | None = None,
         _groups: Sequence[Any] | None = None,
@@ -130,7 +130,7 @@ class DeviceMesh:
         if _abstract:
             self._rank = ranks[0] if _rank is None else _rank
         else:
-            from .platform.select import get_platform
+            from ._locator import get_platform
 
             self._platform = get_platform(platform, device_type=device_type)
             self._platform.ensure_initialized(device_type, timeout)
@@ -448,7 +448,7 @@ class DeviceMesh:
             return True
         if isinstance(other, DeviceMesh) or other is None or self._platform is None:
             return False
-        from .platform.select import platform_of_object
+        from ._locator import platform_of_object
 
         if platform_of_object(other) is None:  # not a framework's own mesh
             return False
@@ -492,7 +492,7 @@ def as_mesh(mesh: Any, what: str = "this call") -> DeviceMesh:
                 f"(world_size,))) or call it inside `with mesh:`"
             )
         return cur
-    from .platform.select import platform_of_object
+    from ._locator import platform_of_object
 
     plat = platform_of_object(mesh)  # a framework's own mesh: its platform converts it
     convert = getattr(plat, "foreign_mesh", None)
@@ -534,7 +534,7 @@ def _rebuild_mesh(
     strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
     rank = ranks[sum(c * s for c, s in zip(coordinate, strides))] if coordinate else ranks[0]
     detached = DeviceMesh(device_type, mesh, mesh_dim_names=names, _rank=rank, _abstract=True)
-    from .platform.select import get_platform
+    from ._locator import get_platform
 
     detached._platform = get_platform(None, device_type=device_type)
     detached._detached = True
@@ -546,7 +546,7 @@ def init_device_mesh(
     mesh_shape: Sequence[int],
     *,
     mesh_dim_names: Sequence[str] | None = None,
-    platform: Any = None,
+    platform: str | Platform | None = None,
     timeout: Any = None,
 ) -> DeviceMesh:
     """Build a DeviceMesh of ``mesh_shape`` over all ranks (as ``torch.distributed.device_mesh
@@ -572,7 +572,7 @@ def init_device_mesh(
         ValueError: a timeout that is not positive.
         TypeError: a timeout that is neither a timedelta nor a number.
     """
-    from .platform.select import get_platform
+    from ._locator import get_platform
 
     if isinstance(device_type, str) and ":" in device_type:
         raise MeshError(

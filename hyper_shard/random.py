@@ -37,9 +37,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .mesh import DeviceMesh
+
+if TYPE_CHECKING:
+    from .platform.base import LocalOps
 
 __all__ = [
     "OffsetRNGTracker",
@@ -74,7 +77,7 @@ class OffsetRNGTracker:
 
     def draw_shard(
         self,
-        plat: Any,
+        plat: LocalOps,
         draw_global: Callable[[], Any],
         offset: Sequence[int],
         local_shape: Sequence[int],
@@ -141,7 +144,7 @@ def _generator(device_mesh: DeviceMesh | None, what: str, state: bool = False) -
     if device_mesh is not None and not device_mesh.is_abstract:
         key = device_mesh.platform.name
     else:
-        from .platform.select import get_platform
+        from ._locator import get_platform
 
         key = get_platform().name
     from .registry.platforms import platform_bindings

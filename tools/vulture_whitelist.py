@@ -23,6 +23,7 @@ _.decide
 _.step_cost
 _.collectives
 async_op  # DTensor.redistribute(async_op=): accepted for PyTorch compatibility
+_.async_collectives  # Comm capability: FSDP prefetches with async flat collectives where True
 
 # pydantic: model configuration and fields read through the model
 _.model_config

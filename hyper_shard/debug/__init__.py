@@ -27,8 +27,9 @@ from typing import IO, Any
 from ..dispatch.dispatcher import cache_info, clear_cache
 from ..flight.consistency import MODE
 from ..flight.recorder import RECENT, Record, recent
+from ..redistribute.executor import COUNTERS
 from ..redistribute.planner import plan_cache_info
-from ..redistribute.steps import COLLECTIVES, COUNTERS
+from ..redistribute.steps import COLLECTIVES
 
 __all__ = [
     "CommDebugMode",

@@ -32,7 +32,7 @@ import dataclasses
 import types
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import OpNotRegisteredError, ShardingError
 from ..flight.context import OpFrame, stack
@@ -48,6 +48,9 @@ from .participation import outside_mesh_layout
 from .plain import describe, find_dtensors, replicate_plain
 from .plain_scalars import replicate_one_element
 from .views import link_views, write_back
+
+if TYPE_CHECKING:
+    from ..platform.base import Platform
 
 __all__ = ["Dispatcher", "config", "cache_info", "clear_cache"]
 
@@ -128,7 +131,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        platform: Any,
+        platform: Platform | Callable[[], Platform],
         *,
         bound_of: Callable[[Any], BoundOp | None],
         lookup: Callable[[Any], BoundOp | None],
@@ -151,12 +154,12 @@ class Dispatcher:
         self.dispatch, self.dispatch_bound = self._make_dispatch()
 
     @property
-    def platform(self) -> Any:
+    def platform(self) -> Platform:
         """The Platform (made on first use when a factory was given)."""
         p = self._platform
         if isinstance(p, types.FunctionType):
             p = self._platform = p()
-        return p
+        return p  # type: ignore[return-value]
 
     def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Dispatch one call (the same path as :attr:`dispatch`)."""
@@ -579,7 +582,7 @@ class Dispatcher:
         return type(out)(one(x) for x in out) if isinstance(out, (tuple, list)) else one(out)
 
 
-def _moved(plat: Any, dt: Any, plan: Any, tgt: Any) -> Any:
+def _moved(plat: Platform, dt: Any, plan: Any, tgt: Any) -> Any:
     """``dt``'s local data redistributed to ``tgt``. A DTensor that needs no gradient
     keeps its last result while its data is unchanged (same version counter), so a
     gradient read by several optimizer ops is reduced once per step."""

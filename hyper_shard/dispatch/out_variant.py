@@ -10,16 +10,19 @@ placements (no communication when they already match) and copied into ``o``'s lo
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ShardingError
 from .op import fmt_placements
+
+if TYPE_CHECKING:
+    from ..platform.base import Platform
 
 __all__ = ["write_out"]
 
 
 def write_out(
-    plat: Any,
+    plat: Platform,
     name: str,
     is_dt: Callable[[Any], bool],
     out: Any,

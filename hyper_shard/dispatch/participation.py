@@ -13,9 +13,12 @@ the platform.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .op import Layout, OpCall
+
+if TYPE_CHECKING:
+    from ..platform.base import LocalOps
 
 __all__ = ["outside_mesh_layout"]
 
@@ -58,7 +61,7 @@ class _EmptyOutputs:
     __slots__ = ("plat", "device", "func", "first", "outs")
 
     def __init__(
-        self, plat: Any, device: str, func: Any, first: Any, outs: list[int | None]
+        self, plat: LocalOps, device: str, func: Any, first: Any, outs: list[int | None]
     ) -> None:
         self.plat, self.device, self.func, self.first, self.outs = plat, device, func, first, outs
 

@@ -10,16 +10,19 @@ plain tensor outside a list is a scalar. Framework-neutral: the platform wraps.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..placement import Replicate
 from ..spec import DTensorSpec
+
+if TYPE_CHECKING:
+    from ..platform.base import Platform
 
 __all__ = ["replicate_plain", "replicate_where", "describe", "find_dtensors"]
 
 
 def replicate_plain(
-    plat: Any,
+    plat: Platform,
     is_dt: Callable[[Any], bool],
     args: tuple,
     kwargs: dict,
@@ -39,7 +42,7 @@ def replicate_plain(
 
 
 def replicate_where(
-    plat: Any,
+    plat: Platform,
     is_dt: Callable[[Any], bool],
     args: tuple,
     kwargs: dict,

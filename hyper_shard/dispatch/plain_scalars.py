@@ -14,9 +14,12 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .plain import replicate_where
+
+if TYPE_CHECKING:
+    from ..platform.base import Platform
 
 __all__ = ["replicate_one_element"]
 
@@ -28,7 +31,7 @@ _WARNING = (
 
 
 def replicate_one_element(
-    plat: Any, is_dt: Callable[[Any], bool], args: tuple, kwargs: dict
+    plat: Platform, is_dt: Callable[[Any], bool], args: tuple, kwargs: dict
 ) -> tuple[tuple, dict]:
     """``args``/``kwargs`` with every plain tensor of one element and rank >= 1 (top level or
     in a list/tuple; never ``out=``) replaced by a ``Replicate`` DTensor alias on the mesh of

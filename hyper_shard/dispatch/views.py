@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..placement import Replicate
 from ..spec import DTensorSpec, intern_spec_key
 
 __all__ = ["ViewOf", "ViewCopySpec", "link_views", "write_back"]
@@ -116,9 +117,6 @@ def _write(link: _Link, view: Any, dispatcher: Any) -> None:
     if idx is not None:
         base[idx(link.index)] = view  # the setitem rule: each rank writes what it owns
         return
-    from ..dtensor import DTensor
-    from ..placement import Replicate
-
     plat = dispatcher.platform
     spec = base._spec
     full = plat.clone(base.full_tensor())  # the base's global value, a tensor of its own
@@ -140,5 +138,5 @@ def _write(link: _Link, view: Any, dispatcher: Any) -> None:
         target = target[link.index]
     plat.copy_plain(target, view.full_tensor())  # through the framework's own view of full
     # all Replicate: the global shape is full's (no shape=: from_local wants it with stride=)
-    rep = DTensor.from_local(full, spec.mesh, [Replicate()] * spec.mesh.ndim)
+    rep = type(base).from_local(full, spec.mesh, [Replicate()] * spec.mesh.ndim)
     base.copy_(rep)

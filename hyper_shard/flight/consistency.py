@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DivergenceError
 from .context import Frame, dtype_name
+
+if TYPE_CHECKING:
+    from ..platform.base import Comm
 
 __all__ = ["MODE", "PAYLOAD", "fingerprint", "check"]
 
@@ -78,7 +81,7 @@ def _decode(buf: bytes) -> tuple[bytes, str]:
 
 
 def check(
-    plat: Any,
+    plat: Comm,
     collective: str,
     group: Any,
     shape: Any,

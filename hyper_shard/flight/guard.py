@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CollectiveError
 from .consistency import MODE, check
 from .context import Frame, stack
 from .recorder import RECENT, Record, format_records, recent
+
+if TYPE_CHECKING:
+    from ..platform.base import Platform
 
 __all__ = ["collective", "guarded", "collective_error", "LAST_SHOWN"]
 
@@ -43,7 +46,7 @@ _PEER_WORDS = (
 
 
 def collective(
-    plat: Any,
+    plat: Platform,
     name: str,
     group: Any,
     shape: Any,
@@ -83,7 +86,7 @@ def collective(
 
 
 def guarded(
-    plat: Any, name: str, group: Any, fn: Callable[..., Any], /, *args: Any, **kw: Any
+    plat: Platform, name: str, group: Any, fn: Callable[..., Any], /, *args: Any, **kw: Any
 ) -> Any:
     """``fn(*args, **kw)`` with the backend's errors turned into CollectiveError (no record,
     no consistency check: for the consistency exchange itself)."""
@@ -137,7 +140,7 @@ _ADVICE = {
 
 
 def collective_error(
-    plat: Any,
+    plat: Platform,
     name: str,
     group: Any,
     err: BaseException,
@@ -151,7 +154,7 @@ def collective_error(
     timeout = getattr(group, "timeout", None)
     reason = _reason(msg, elapsed, timeout)
     try:
-        me = plat.get_rank()
+        me: int | str = plat.get_rank()
     except Exception:  # the backend may be unusable by now
         me = "?"
     ranks = list(group.ranks)

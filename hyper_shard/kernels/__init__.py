@@ -22,7 +22,10 @@ Nothing here imports a framework.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..platform.base import Comm, LocalOps, Runtime
 
 __all__ = ["all_reduce_sum", "all_reduce", "groups_of", "numel", "input_as_dtype"]
 
@@ -34,7 +37,7 @@ def groups_of(mesh: Any, mesh_dims: Sequence[int]) -> tuple[Any, ...]:
     return tuple(mesh._group(m) for m in mesh_dims)
 
 
-def numel(plat: Any, t: Any) -> int:
+def numel(plat: LocalOps, t: Any) -> int:
     """The number of elements of a local tensor."""
     n = 1
     for s in plat.shape(t):
@@ -42,14 +45,14 @@ def numel(plat: Any, t: Any) -> int:
     return n
 
 
-def all_reduce(plat: Any, t: Any, op: str, groups: Sequence[Any]) -> Any:
+def all_reduce(plat: Comm, t: Any, op: str, groups: Sequence[Any]) -> Any:
     """``t`` reduced with ``op`` over every group in turn (no autograd)."""
     for g in groups:
         t = plat.all_reduce(t, op, g)
     return t
 
 
-def all_reduce_sum(plat: Any, t: Any, groups: Sequence[Any]) -> Any:
+def all_reduce_sum(plat: Runtime, t: Any, groups: Sequence[Any]) -> Any:
     """Sum of ``t`` over the groups, differentiable: each rank holds one addend, every rank
     uses the sum, so the gradient of each addend is the sum of every rank's gradient (an
     all-reduce in backward too)."""
@@ -64,7 +67,7 @@ def all_reduce_sum(plat: Any, t: Any, groups: Sequence[Any]) -> Any:
     )
 
 
-def input_as_dtype(binder: Any, plat: Any, args: tuple, kwargs: dict) -> Any:
+def input_as_dtype(binder: Any, plat: LocalOps, args: tuple, kwargs: dict) -> Any:
     """The call's ``input`` cast to its ``dtype=`` argument (keyword, or the first dtype
     positional after the input), as torch's ``sum(x, dtype=)``/``log_softmax(x, d, dtype)``
     do before computing; the input unchanged when no dtype is given."""

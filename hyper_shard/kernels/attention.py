@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..dispatch.op import Binder
 from ..random import get_rng_tracker
 from . import numel
 
+if TYPE_CHECKING:
+    from ..platform.base import LocalOps, Runtime
+
 __all__ = ["ShardedSDPA", "math_attention"]
 
 
-def _connect(plat: Any, out: Any, inputs: Sequence[Any]) -> Any:
+def _connect(plat: Runtime, out: Any, inputs: Sequence[Any]) -> Any:
     """An empty local result that depends on every input requiring grad: a kernel may
     return an empty output detached from some input (e.g. the mask), and then that
     input's redistribution would skip its backward collective on this rank only."""
@@ -37,7 +40,7 @@ def _connect(plat: Any, out: Any, inputs: Sequence[Any]) -> Any:
     return out
 
 
-def causal_mask(plat: Any, offset: int, n_rows: int, n_cols: int, like: Any) -> Any:
+def causal_mask(plat: LocalOps, offset: int, n_rows: int, n_cols: int, like: Any) -> Any:
     """Boolean ``(n_rows, n_cols)``: True where query row ``i`` (global ``offset + i``) may
     attend to key ``j`` (``j <= offset + i``)."""
     rows = plat.unsqueeze(plat.arange(offset, offset + n_rows, like), -1)
@@ -46,7 +49,7 @@ def causal_mask(plat: Any, offset: int, n_rows: int, n_cols: int, like: Any) -> 
 
 
 def math_attention(
-    plat: Any,
+    plat: LocalOps,
     q: Any,
     k: Any,
     v: Any,
@@ -106,7 +109,7 @@ class ShardedSDPA:
         self,
         func: Any,
         binder: Binder,
-        plat: Any,
+        plat: Runtime,
         query_offset: int | None,
         attn_shape: Sequence[int],
         attn_box: tuple[Sequence[int], Sequence[int]],

@@ -4,7 +4,7 @@ Over a sharded reduced dim each rank reduces its shard and the result is ``Parti
 (``Partial(min)``); the values need no communication. Their gradient does: torch's
 ``amax`` splits the gradient evenly between *all* the elements equal to the maximum
 (pytorch/pytorch#41779). Reducing to ``Replicate`` routes the gradient to the ranks
-holding the maximum, split evenly between those ranks (``redistribute/steps.py``), and the
+holding the maximum, split evenly between those ranks (``redistribute/executor.py``), and the
 plain local ``amax`` then splits each rank's share between its own ties: right when the
 ties sit on one rank, but ``1/(k * c_r)`` instead of ``1/C`` per element when ``k`` ranks
 hold ``c_r`` ties each out of ``C`` in all.
@@ -19,9 +19,12 @@ reduction's identity first (the local kernel refuses an empty reduction).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import all_reduce
+
+if TYPE_CHECKING:
+    from ..platform.base import LocalOps
 
 __all__ = ["ExactExtremum"]
 
@@ -49,7 +52,7 @@ class ExactExtremum:
         self.pad_dims, self.fill, self.mesh, self.dtype = pad_dims, fill, mesh, dtype
         self.groups = tuple(groups)
 
-    def _reduce(self, plat: Any, x: Any, keepdim: bool) -> Any:
+    def _reduce(self, plat: LocalOps, x: Any, keepdim: bool) -> Any:
         for d in self.pad_dims:
             shape = list(plat.shape(x))
             shape[d] = 1

@@ -25,12 +25,32 @@ never gathered. Written against the Platform protocol (torch and MindSpore alike
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
 
 from ..dispatch.op import Binder
 from . import all_reduce, all_reduce_sum, input_as_dtype, numel
+from .loss_gather import gathered_loss
 
-__all__ = ["GlobalMeanLoss", "ClassParallelLoss", "ShardedLogSoftmax", "sharded_log_softmax"]
+if TYPE_CHECKING:
+    from ..platform.base import CommOps, LocalOps, Runtime
+
+__all__ = [
+    "GlobalMeanLoss",
+    "ClassParallelLoss",
+    "ShardedLogSoftmax",
+    "sharded_log_softmax",
+    "LOSS_PARALLEL",
+    "loss_parallel_enabled",
+]
+
+#: depth of nested ``loss_parallel()`` contexts in the current thread/task
+LOSS_PARALLEL: ContextVar[int] = ContextVar("hyper_shard_loss_parallel", default=0)
+
+
+def loss_parallel_enabled() -> bool:
+    """True inside :func:`hyper_shard.parallel.loss_parallel` (this thread/task only)."""
+    return LOSS_PARALLEL.get() > 0
 
 
 def _args(b: Binder, args: tuple, kwargs: dict) -> tuple:
@@ -44,7 +64,7 @@ def _args(b: Binder, args: tuple, kwargs: dict) -> tuple:
 
 
 def _index_denominator(
-    plat: Any,
+    plat: LocalOps,
     target: Any,
     weight: Any | None,
     ignore_index: int,
@@ -71,7 +91,7 @@ def _index_denominator(
     return plat.cast(plat.sum(plat.where(valid, picked, 0.0)), dtype)
 
 
-def _stable_max(plat: Any, x: Any, dim: int, groups: Sequence[Any]) -> Any:
+def _stable_max(plat: CommOps, x: Any, dim: int, groups: Sequence[Any]) -> Any:
     """The max of ``x`` over ``dim`` across the groups (keepdim), with no gradient; an empty
     local dim contributes ``-inf``, an all ``-inf`` row gives 0 (the shift is arbitrary)."""
     with plat.no_grad():
@@ -104,7 +124,7 @@ class GlobalMeanLoss:
         func: Any,
         binder: Binder,
         kind: str,
-        plat: Any,
+        plat: Runtime,
         groups: Sequence[Any],
         prob_count: int | None,
     ) -> None:
@@ -129,7 +149,7 @@ class GlobalMeanLoss:
         return s / all_reduce(self.plat, d, "sum", self.groups)
 
 
-def sharded_log_softmax(plat: Any, x: Any, dim: int, groups: Sequence[Any]) -> Any:
+def sharded_log_softmax(plat: Runtime, x: Any, dim: int, groups: Sequence[Any]) -> Any:
     """``log_softmax(x, dim)`` of a tensor sharded along ``dim`` over ``groups`` (the local
     result is this rank's slice of the global one)."""
     z = x - _stable_max(plat, x, dim, groups)
@@ -144,7 +164,7 @@ class ShardedLogSoftmax:
 
     __slots__ = ("binder", "plat", "dim", "groups")
 
-    def __init__(self, binder: Binder, plat: Any, dim: int, groups: Sequence[Any]) -> None:
+    def __init__(self, binder: Binder, plat: Runtime, dim: int, groups: Sequence[Any]) -> None:
         self.binder, self.plat, self.dim, self.groups = binder, plat, dim, tuple(groups)
 
     def __repr__(self) -> str:
@@ -191,7 +211,7 @@ class ClassParallelLoss:
         self,
         binder: Binder,
         kind: str,
-        plat: Any,
+        plat: Runtime,
         describe: str,
         class_dim: int,
         class_offset: int,
@@ -217,11 +237,7 @@ class ClassParallelLoss:
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from ..rules.loss import loss_parallel_enabled
-
         if not loss_parallel_enabled():  # as PyTorch: gather the classes (hint once)
-            from .loss_gather import gathered_loss
-
             return gathered_loss(self, args, kwargs)
         return self.compute(args, kwargs)
 

@@ -1,4 +1,7 @@
 """``cross_entropy``/``nll_loss`` on class-sharded logits OUTSIDE ``loss_parallel()``: the
+
+if TYPE_CHECKING:
+    from ..platform.base import Runtime
 class dim is gathered and the loss computed on whole rows, as PyTorch DTensor computes it
 there (one all-gather of the logits; a class-sharded weight or probability target is
 gathered alike). The first such call of each op warns once that ``loss_parallel()``
@@ -15,17 +18,20 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..dtensor import redistribute_local
 from ..placement import Replicate, Shard
+from ..redistribute.executor import redistribute_local
+
+if TYPE_CHECKING:
+    from ..platform.base import Runtime
 
 __all__ = ["gathered_loss"]
 
 _HINTED: set[str] = set()
 
 
-def _whole(plat: Any, t: Any, spec: Any, dim: int) -> Any:
+def _whole(plat: Runtime, t: Any, spec: Any, dim: int) -> Any:
     """``t`` (laid out by ``spec``) with tensor dim ``dim`` gathered (other dims kept)."""
     if spec is None or t is None:
         return t

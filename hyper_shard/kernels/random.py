@@ -18,10 +18,13 @@ Written against the Platform protocol.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..dispatch.op import Binder
 from ..random import get_rng_tracker
+
+if TYPE_CHECKING:
+    from ..platform.base import LocalOps, Runtime
 
 __all__ = ["GlobalDraw", "ShardedDropout"]
 
@@ -59,7 +62,7 @@ class GlobalDraw:
         func: Any,
         binder: Binder,
         role: str,
-        plat: Any,
+        plat: Runtime,
         global_shape: Sequence[int],
         box: tuple[Sequence[int], Sequence[int]],
         *,
@@ -116,7 +119,7 @@ class ShardedDropout:
         self,
         func: Any,
         binder: Binder,
-        plat: Any,
+        plat: LocalOps,
         global_shape: Sequence[int],
         box: tuple[Sequence[int], Sequence[int]],
         inplace_call: bool,

@@ -1,14 +1,17 @@
 """What the neutral tensor-parallel API asks of a framework's module system.
 
 The styles (:mod:`hyper_shard.parallel.style`) and :func:`parallelize_module` are written
-against this small protocol; ``_torch.py`` implements it for ``torch.nn.Module`` and a
-MindSpore ``nn.Cell`` version implements the same methods. Nothing here imports a framework.
+against this small protocol. A framework's adapter lives in its platform package
+(``platform/<framework>/parallel.py``: ``torch.nn.Module``, MindSpore's ``nn.Cell``), which
+registers it here with :func:`register_adapter`. Nothing here imports a framework.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from .._locator import get_platform
 
 __all__ = ["ModuleAdapter", "adapter_for", "register_adapter"]
 
@@ -87,34 +90,6 @@ def register_adapter(loader: Callable[[], ModuleAdapter | None]) -> None:
     _LOADERS.append(loader)
 
 
-def _load_torch() -> ModuleAdapter | None:
-    import sys
-
-    if "torch" not in sys.modules:
-        return None
-    from ._torch import TorchModuleAdapter
-
-    return TorchModuleAdapter()
-
-
-def _load_mindspore() -> ModuleAdapter | None:
-    import importlib
-    import sys
-
-    if "mindspore" not in sys.modules:
-        return None
-    try:
-        mod = importlib.import_module("hyper_shard.parallel._mindspore")
-    except ImportError:
-        return None
-    adapter: ModuleAdapter = mod.MindSporeModuleAdapter()
-    return adapter
-
-
-register_adapter(_load_torch)
-register_adapter(_load_mindspore)
-
-
 def adapter_for(module: Any) -> ModuleAdapter:
     """The adapter of ``module``'s framework.
 
@@ -125,6 +100,26 @@ def adapter_for(module: Any) -> ModuleAdapter:
     for ad in _ADAPTERS.values():
         if ad.owns(module):
             return ad
+    found = _build(module)
+    if found is None:
+        # the module's framework package names its platform: load that platform, whose
+        # package registers its adapter, and look again
+        try:
+            get_platform(type(module).__module__.split(".")[0])
+        except (ValueError, ImportError):
+            pass
+        found = _build(module)
+    if found is None:
+        raise TypeError(
+            f"hyper_shard.parallel: cannot parallelize a {type(module).__module__}."
+            f"{type(module).__qualname__}; pass a module of a framework with a hyper_shard "
+            f"platform (torch.nn.Module, mindspore.nn.Cell)"
+        )
+    return found
+
+
+def _build(module: Any) -> ModuleAdapter | None:
+    """Build the registered adapters not built yet; the first that owns ``module``."""
     for i, loader in enumerate(_LOADERS):
         if i in _ADAPTERS:
             continue
@@ -133,8 +128,4 @@ def adapter_for(module: Any) -> ModuleAdapter:
             _ADAPTERS[i] = built
             if built.owns(module):
                 return built
-    raise TypeError(
-        f"hyper_shard.parallel: cannot parallelize a {type(module).__module__}."
-        f"{type(module).__qualname__}; pass a torch.nn.Module (or a MindSpore nn.Cell once "
-        f"hyper_shard.parallel._mindspore is available)"
-    )
+    return None

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..rules.loss import LOSS_PARALLEL, loss_parallel_enabled
+from ..kernels.loss import LOSS_PARALLEL, loss_parallel_enabled
 
 __all__ = ["loss_parallel", "loss_parallel_enabled"]
 

@@ -1,21 +1,37 @@
-"""The Platform protocol: everything the framework-neutral core asks of a framework.
+"""What the framework-neutral core asks of a framework: five small protocols, one Platform.
 
-A platform (torch, MindSpore) provides:
+A framework (torch, MindSpore, a test's simulated one) is one object that implements
 
-* process-group management (``ensure_initialized``, ``get_rank``, ``new_group``...);
-* a handful of local tensor primitives the redistribution executor composes
-  (``narrow``, ``cat``, ``pad_dim``, ``embed``...), all differentiable-agnostic: the
-  executor runs them inside :meth:`custom_autograd`, never under the framework's tape;
-* local math the framework-neutral kernels (:mod:`hyper_shard.kernels`) are written with
-  (``exp``, ``log``, ``amax``, ``sum``, ``gather``, ``where``, ``softmax``...): plain local
-  tensors in and out, recorded by the framework's own autograd; arithmetic, comparisons
-  and ``&``/``~`` use the tensors' Python operators, which both frameworks share;
-* collectives on a group (``all_gather``, ``all_reduce`` and, where the device has them,
-  ``reduce_scatter`` and ``all_to_all``), with the set of native ones declared in
-  ``native_collectives`` so the cost model prices composed ones honestly;
-* ``custom_autograd(fwd, bwd, x)``: run ``fwd`` on a local tensor and register ``bwd`` as
-  its backward, so redistribution, ``to_local`` and ``from_local`` are autograd-correct;
-* its DTensor class and how to wrap a local tensor into it.
+* :class:`Comm` — process groups, its *native* collectives (``native_collectives``, asked
+  with :meth:`Comm.has`), capabilities (``async_collectives``) and the cost model; a
+  collective it lacks is composed once, for every platform, in
+  :mod:`hyper_shard.platform.compose` (reduce-scatter from all-reduce or all-gather,
+  all-to-all from send/recv or all-gather) and priced as such by the planner;
+* :class:`LocalOps` (:mod:`hyper_shard.platform.local_ops`) — the local tensor primitives
+  the executor, the composed collectives and the neutral kernels
+  (:mod:`hyper_shard.kernels`) are written with (``narrow``,
+  ``cat``, ``exp``, ``amax``, ``gather``, ``where``...): plain local tensors in and out,
+  recorded by the framework's own autograd; arithmetic, comparisons and ``&``/``~`` use
+  the tensors' Python operators, which both frameworks share;
+* :class:`Autograd` — ``custom_autograd(fwd, bwd, x)`` and ``alias_autograd``: one node
+  with a given backward, so redistribution, ``to_local`` and ``from_local`` are
+  autograd-correct; whether a tensor records gradients; whether a compiler is tracing;
+* :class:`FlatBuffers` — FSDP's flat 1-D buffers: allocation, packing, storage release and
+  the flat collectives (``all_gather_into``, ``reduce_scatter_into``...);
+* :class:`Wrapping` — its DTensor class: wrapping a local tensor, leaves, the local tensor
+  of a DTensor, metadata, op schemas.
+
+:class:`Platform` is all five (a framework subclasses it). Each function of the core takes
+the narrowest protocol it uses (``plat: LocalOps``, ``plat: CommOps``...), so what a
+caller needs of a framework is written in its signature and checked by mypy.
+
+Why ``typing.Protocol`` and one object: a protocol is structural (a test double or a new
+framework satisfies ``LocalOps`` by having the methods, with no registration or base
+class), costs nothing at run time (no ``isinstance`` on the hot path) and mypy checks
+every call site against it; one object implementing all five keeps every call one
+attribute lookup (``plat.local_of(x)``, not ``plat.wrapping.local_of(x)``) on the
+dispatch hot path. The defaults below raise ``NotImplementedError`` (or compose), so a
+partial platform fails loudly at the first missing primitive.
 
 Nothing here imports a framework.
 """
@@ -23,12 +39,31 @@ Nothing here imports a framework.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..redistribute.cost import COLLECTIVES, DEFAULT_COST_MODEL, CostModel
+from . import compose
+from .local_ops import LocalOps, unimplemented
 
-__all__ = ["Platform", "GroupRanks"]
+if TYPE_CHECKING:
+    from ..mesh import DeviceMesh
+    from ..spec import DTensorSpec, TensorMeta
+
+__all__ = [
+    "Comm",
+    "LocalOps",
+    "Autograd",
+    "FlatBuffers",
+    "Wrapping",
+    "CommOps",
+    "Runtime",
+    "Platform",
+    "GroupRanks",
+    "REQUIRED_COLLECTIVES",
+]
+
+#: the collectives every platform runs natively (the others may be composed from them)
+REQUIRED_COLLECTIVES = frozenset({"all_gather", "all_reduce"})
 
 
 class GroupRanks:
@@ -57,240 +92,238 @@ class GroupRanks:
         return out
 
 
-class Platform:
-    """Base class of the framework platforms. Subclasses implement every method."""
+# ---------------------------------------------------------------------- communication
+class Comm(Protocol):
+    """Process groups, native collectives and what the backend can do.
 
-    name: str = "abstract"
-    #: collectives the backend runs natively; the others are composed by the executor.
-    #: whether the framework's view ops return views that share memory with their input
-    #: (torch: yes), so that views of DTensors are linked to their base
-    #: (:mod:`hyper_shard.dispatch.views`)
-    view_semantics: bool = False
+    Groups are the platform's own objects with a ``ranks`` attribute (a
+    :class:`GroupRanks`); every collective takes and returns tensors in mesh-coordinate
+    order. ``native_collectives`` names the collectives the backend runs itself, among
+    ``all_gather``, ``all_reduce`` (both required), ``reduce_scatter``, ``all_to_all`` and
+    ``send_recv`` (a paired point-to-point exchange); the executor, the kernels and FSDP
+    call the composed forms (:mod:`hyper_shard.platform.compose`), which use a native one
+    where it exists.
+    """
+
+    #: collectives the backend runs natively (see the class docstring)
     native_collectives: frozenset[str] = COLLECTIVES
+    #: whether the flat collectives (``*_into(..., async_op=True)``) can run asynchronously
+    #: and return a handle whose ``wait()`` completes them (FSDP prefetches with them)
+    async_collectives: bool = False
     #: the exceptions the backend raises for a failed collective (timeout, lost peer):
     #: turned into CollectiveError by :func:`hyper_shard.flight.collective`
     comm_errors: tuple[type[BaseException], ...] = ()
 
-    def tracing(self) -> bool:
-        """Whether a compiler is recording this platform's calls right now (no data-dependent
-        communication then: e.g. ``from_local`` assumes even shards, as PyTorch DTensor)."""
-        return False
+    def has(self, collective: str) -> bool:
+        """Whether the backend runs ``collective`` natively (``"all_to_all"``...)."""
+        return collective in self.native_collectives
 
-    # ------------------------------------------------------------ process groups
     def ensure_initialized(self, device_type: str, timeout: Any = None) -> None:
         """Initialise the default process group from the launcher's environment if needed,
         with ``timeout`` (a timedelta or seconds; None: :mod:`hyper_shard.platform.timeouts`)
         where the backend takes one."""
-        raise NotImplementedError
+        unimplemented(self, "ensure_initialized")
 
     def get_rank(self) -> int:
-        raise NotImplementedError
+        unimplemented(self, "get_rank")
 
     def get_world_size(self) -> int:
-        raise NotImplementedError
+        unimplemented(self, "get_world_size")
 
     def new_group(self, ranks: Sequence[int], timeout: Any = None) -> Any:
         """Create a process group over ``ranks`` (called by every rank, in the same order)
         whose collectives fail after ``timeout`` where the backend supports one."""
-        raise NotImplementedError
+        unimplemented(self, "new_group")
+
+    def native_group(self, group: Any) -> Any:
+        """What ``DeviceMesh.get_group`` hands users: the framework's own group object
+        (default: hyper_shard's group itself)."""
+        return group
+
+    def group_from_native(self, native: Any) -> Any:
+        """hyper_shard's group over a framework process group a user made (for
+        ``DeviceMesh.from_group``)."""
+        unimplemented(self, "group_from_native", "cannot build a mesh from a group")
+
+    def foreign_mesh(self, mesh: Any) -> DeviceMesh | None:
+        """The framework's own device-mesh object as a hyper_shard DeviceMesh over the same
+        process groups, or None for anything else (default: None)."""
+        return None
+
+    def rank_tensor(self, nested: list[Any]) -> Any:
+        """``DeviceMesh.mesh``: the ranks (a nested list) as the framework shows them
+        (default: the nested list itself)."""
+        return nested
 
     def cost_model(self, mesh: Any) -> CostModel:
-        """The cost model for collectives on ``mesh`` (default alpha/beta, native set)."""
-        return DEFAULT_COST_MODEL.with_native(self.native_collectives_for(mesh))
+        """The alpha-beta cost model for collectives on ``mesh`` (default constants, this
+        platform's native set: composed collectives are priced as their composition)."""
+        return DEFAULT_COST_MODEL.with_native(self.native_collectives)
 
-    def native_collectives_for(self, mesh: Any) -> frozenset[str]:
-        return self.native_collectives
+    def all_gather(self, t: Any, group: Any, n: int) -> list[Any]:
+        """Every rank's ``t`` (same shape on every rank), in mesh-coordinate order."""
+        unimplemented(self, "all_gather")
 
-    # ------------------------------------------------------------ local primitives
-    def shape(self, t: Any) -> tuple[int, ...]:
-        raise NotImplementedError
+    def all_reduce(self, t: Any, op: str, group: Any) -> Any:
+        """A new tensor: the reduction (``sum``/``avg``/``max``/``min``/``prod``) of ``t``."""
+        unimplemented(self, "all_reduce")
 
-    def narrow(self, t: Any, dim: int, start: int, length: int) -> Any:
-        raise NotImplementedError
+    def reduce_scatter(self, pieces: Sequence[Any], op: str, group: Any) -> Any:
+        """Native only: piece ``c`` (equal shapes) reduced over the group lands on mesh
+        coordinate ``c``. Callers use :func:`hyper_shard.platform.compose.reduce_scatter`."""
+        unimplemented(self, "reduce_scatter")
 
-    def cat(self, ts: Sequence[Any], dim: int) -> Any:
-        raise NotImplementedError
+    def all_to_all(self, pieces: Sequence[Any], group: Any) -> list[Any]:
+        """Native only: piece ``c`` goes to coordinate ``c``; returns the pieces received,
+        by sender. Callers use :func:`hyper_shard.platform.compose.all_to_all`."""
+        unimplemented(self, "all_to_all")
 
-    def pad_dim(self, t: Any, dim: int, size: int) -> Any:
-        """Zero-pad ``t`` at the end of ``dim`` to ``size``."""
-        raise NotImplementedError
+    def send_recv(self, t: Any, dst: int, like: Any, src: int, group: Any) -> Any:
+        """Native only: send ``t`` to mesh coordinate ``dst`` of the group and receive, at
+        the same time (no deadlock whatever the pairing), a tensor shaped and typed like
+        ``like`` from coordinate ``src``; returns it."""
+        unimplemented(self, "send_recv")
 
-    def embed(self, t: Any, dim: int, start: int, extent: int) -> Any:
-        """Zeros with ``extent`` along ``dim`` and ``t`` placed at ``start``."""
-        raise NotImplementedError
+    def broadcast(self, t: Any, src_group_rank: int, group: Any) -> Any:
+        unimplemented(self, "broadcast")
 
-    def zeros_like(self, t: Any) -> Any:
-        raise NotImplementedError
+    def all_gather_object(self, obj: Any, group: Any, n: int) -> list[Any]:
+        """Every rank's small python object, in mesh-coordinate order."""
+        unimplemented(self, "all_gather_object")
 
-    def ones_like(self, t: Any) -> Any:
-        raise NotImplementedError
+    def all_gather_bytes(self, data: bytes, group: Any, n: int) -> list[bytes]:
+        """Every rank's ``data`` (the same length, a multiple of 4, on every rank), in
+        mesh-coordinate order: one small all-gather, not recorded (the consistency mode's
+        fingerprint exchange)."""
+        unimplemented(self, "all_gather_bytes")
 
-    def scale(self, t: Any, factor: float) -> Any:
-        raise NotImplementedError
 
-    def eq_mask(self, a: Any, b: Any) -> Any:
-        """``a == b`` as a tensor of ``a``'s dtype (1 where equal, 0 elsewhere)."""
-        raise NotImplementedError
+# ---------------------------------------------------------------------- autograd
+class Autograd(Protocol):
+    """The framework's autograd, as the executor, ``from_local``/``to_local`` and the
+    kernels use it."""
 
-    def mul(self, a: Any, b: Any) -> Any:
-        raise NotImplementedError
+    def custom_autograd(self, fwd: Callable[[Any], Any], bwd: Callable[[Any], Any], x: Any) -> Any:
+        """``fwd(x)`` recorded as one autograd node whose backward is ``bwd(grad)``."""
+        unimplemented(self, "custom_autograd")
 
-    def div(self, a: Any, b: Any) -> Any:
-        raise NotImplementedError
+    def alias_autograd(self, bwd: Callable[[Any], Any], x: Any) -> Any:
+        """An alias of ``x`` (same data, no copy) recorded as one autograd node whose
+        backward is ``bwd(grad)``, that may be modified in place as a tensor of its own (as
+        ``DTensor.from_local``'s result may, in PyTorch). Default: the identity
+        :meth:`custom_autograd`."""
+        return self.custom_autograd(lambda t: t, bwd, x)
 
-    # ------------------------------------------------------------ local math (kernels)
-    # Plain local tensors in and out, differentiable by the framework's own autograd.
-    # Semantics follow torch's functions of the same name (dims may be negative).
-    def exp(self, t: Any) -> Any:
-        raise NotImplementedError
-
-    def log(self, t: Any) -> Any:
-        raise NotImplementedError
-
-    def amax(self, t: Any, dim: int | Sequence[int], keepdim: bool = False) -> Any:
-        """The maximum over ``dim`` (an int or a sequence), as ``torch.amax``."""
-        raise NotImplementedError
-
-    def amin(self, t: Any, dim: int | Sequence[int], keepdim: bool = False) -> Any:
-        raise NotImplementedError
-
-    def sum(self, t: Any, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:
-        """The sum over ``dim`` (None: every element, a 0-d result), as ``torch.sum``."""
-        raise NotImplementedError
-
-    def where(self, cond: Any, a: Any, b: Any) -> Any:
-        """``a`` where ``cond`` else ``b`` (``b`` may be a python scalar), as ``torch.where``."""
-        raise NotImplementedError
-
-    def gather(self, t: Any, dim: int, index: Any) -> Any:
-        """As ``torch.gather(t, dim, index)``: ``out[i][j] = t[i][index[i][j]]`` along ``dim``."""
-        raise NotImplementedError
-
-    def take_rows(self, t: Any, index: Any) -> Any:
-        """``t[index]``: rows of ``t`` along dim 0 picked by an integer tensor of any shape."""
-        raise NotImplementedError
-
-    def stack(self, ts: Sequence[Any], dim: int) -> Any:
-        raise NotImplementedError
-
-    def select(self, t: Any, dim: int, index: int) -> Any:
-        """``t`` at ``index`` along ``dim``, which is removed (as ``torch.select``)."""
-        raise NotImplementedError
-
-    def unsqueeze(self, t: Any, dim: int) -> Any:
-        raise NotImplementedError
-
-    def squeeze(self, t: Any, dim: int) -> Any:
-        raise NotImplementedError
-
-    def transpose(self, t: Any, dim0: int, dim1: int) -> Any:
-        raise NotImplementedError
-
-    def movedim(self, t: Any, source: int, destination: int) -> Any:
-        """``t`` with dim ``source`` moved to ``destination`` (a view; as ``torch.movedim``)."""
-        raise NotImplementedError
-
-    def matmul(self, a: Any, b: Any) -> Any:
-        raise NotImplementedError
-
-    def softmax(self, t: Any, dim: int) -> Any:
-        raise NotImplementedError
-
-    def isfinite(self, t: Any) -> Any:
-        raise NotImplementedError
-
-    def repeat_interleave(self, t: Any, repeats: int, dim: int) -> Any:
-        raise NotImplementedError
-
-    def full(self, shape: Sequence[int], value: Any, like: Any, dtype: Any = None) -> Any:
-        """A new tensor of ``shape`` filled with ``value``, with ``like``'s dtype (or
-        ``dtype``) and device."""
-        raise NotImplementedError
-
-    def arange(self, start: int, end: int, like: Any) -> Any:
-        """The integers ``[start, end)`` (int64) on ``like``'s device."""
-        raise NotImplementedError
-
-    def clone(self, t: Any) -> Any:
-        """An owned contiguous copy of local ``t`` (differentiable; never a view)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot clone local tensors")
-
-    def dropout(self, t: Any, p: float) -> Any:
-        """The framework's own training-mode dropout of ``t`` (``input * mask / (1 - p)``),
-        drawn from its default generator."""
-        raise NotImplementedError
-
-    def no_grad(self) -> AbstractContextManager[Any]:
-        """A context in which the framework records no gradients."""
-        raise NotImplementedError
-
-    def is_dtype(self, obj: Any) -> bool:
-        """True if ``obj`` is one of the framework's dtypes."""
-        raise NotImplementedError
-
-    def dtype_of(self, t: Any) -> Any:
-        raise NotImplementedError
-
-    def loss_precision(self, t: Any) -> Any:
-        """``t`` in the precision the framework's autocast runs losses in (torch: float32
-        for a half-precision input while autocast is on); ``t`` itself otherwise."""
-        return t
+    def requires_grad(self, t: Any) -> bool:
+        """Whether ``t`` takes part in a gradient computation right now."""
+        unimplemented(self, "requires_grad")
 
     def set_requires_grad(self, t: Any) -> Any:
         """Mark a new local tensor as requiring gradients (where the framework records it
         on tensors); returns ``t``."""
         return t
 
-    def assign(self, dst: Any, src: Any, no_grad: bool = False) -> Any:
-        """Write ``src``'s values into the plain local tensor ``dst`` in place; returns
-        ``dst``. ``no_grad``: outside autograd (as ``nn.init`` writes)."""
-        raise NotImplementedError
+    def tracing(self) -> bool:
+        """Whether a compiler is recording this platform's calls right now (no data-dependent
+        communication then: e.g. ``from_local`` assumes even shards, as PyTorch DTensor)."""
+        return False
 
-    def inplace_mul(self, dst: Any, other: Any) -> Any:
-        """``dst *= other`` in place; returns ``dst``."""
-        raise NotImplementedError
 
-    # ------------------------------------------------------------ collectives
-    def all_gather(self, t: Any, group: Any, n: int) -> list[Any]:
-        """Every rank's ``t`` (same shape on every rank), in group-rank order."""
-        raise NotImplementedError
+# ---------------------------------------------------------------------- DTensor wrapping
+class Wrapping(Protocol):
+    """The platform's DTensor type: wrapping local tensors, reading them back, metadata."""
 
-    def all_reduce(self, t: Any, op: str, group: Any) -> Any:
-        """A new tensor: the reduction (``sum``/``avg``/``max``/``min``/``prod``) of ``t``."""
-        raise NotImplementedError
+    #: whether the framework's view ops return views that share memory with their input
+    #: (torch: yes), so that views of DTensors are linked to their base
+    #: (:mod:`hyper_shard.dispatch.views`)
+    view_semantics: bool = False
+    #: ``DTensor.from_local(shape=...)`` needs ``stride=`` too (PyTorch DTensor's rule)
+    from_local_needs_stride: bool = False
 
-    def reduce_scatter(self, pieces: Sequence[Any], op: str, group: Any) -> Any:
-        """Piece ``i`` reduced over the group lands on group rank ``i`` (native only)."""
-        raise NotImplementedError
+    def wrap(self, local: Any, spec: DTensorSpec) -> Any:
+        """Wrap a local tensor (keeping its autograd history) as this platform's DTensor."""
+        unimplemented(self, "wrap")
 
-    def all_to_all(self, pieces: Sequence[Any], group: Any) -> list[Any]:
-        """Piece ``i`` goes to group rank ``i``; returns the pieces received (native only)."""
-        raise NotImplementedError
+    def make_leaf(self, local: Any, spec: DTensorSpec, requires_grad: bool) -> Any:
+        """A new autograd leaf DTensor over ``local``'s data."""
+        unimplemented(self, "make_leaf")
 
-    def broadcast(self, t: Any, src_group_rank: int, group: Any) -> Any:
-        raise NotImplementedError
+    def local_of(self, dt: Any) -> Any:
+        """The local tensor of a DTensor as a plain framework tensor (alias, keeps autograd)."""
+        unimplemented(self, "local_of")
 
-    def all_gather_object(self, obj: Any, group: Any, n: int) -> list[Any]:
-        """Every rank's small python object, in group-rank order."""
-        raise NotImplementedError
+    def tensor_meta(self, t: Any, shape: Sequence[int] | None = None) -> TensorMeta:
+        """TensorMeta of a plain tensor (global ``shape`` if given, else ``t``'s)."""
+        unimplemented(self, "tensor_meta")
 
-    # ------------------------------------------------------------ flat buffers (FSDP)
-    # Used by :mod:`hyper_shard.fsdp`: one collective per unit over a flat 1-D buffer.
-    # Every "flat" tensor is 1-D and contiguous; chunks are in mesh-coordinate order.
+    def copy_into(self, dst: Any, src: Any) -> None:
+        """Copy DTensor ``src``'s local data into DTensor ``dst``'s (same layout), in place."""
+        unimplemented(self, "copy_into")
+
+    def version(self, t: Any) -> int | None:
+        """A counter that changes whenever ``t``'s data is written in place, or None if the
+        framework has none (then nothing is memoised)."""
+        return None
+
+    def shares_storage(self, a: Any, b: Any) -> bool:
+        """Whether local tensors ``a`` and ``b`` are views of the same memory (default:
+        False, for a framework that does not say)."""
+        return False
+
+    def op_schema(self, op: Any) -> Any:
+        """What :func:`hyper_shard.experimental.register_sharding` needs of a framework op:
+        an :class:`~hyper_shard._register_sharding.OpSchemaInfo` (the registry names that
+        bind it, its argument names, which are tensors, how many tensor outputs).
+
+        Raises:
+            TypeError: ``op`` is not an op of this framework that can be registered.
+        """
+        raise TypeError(
+            f"{type(self).__name__}: register_sharding is not available for {op!r} on this "
+            f"framework; write a YAML entry with a DistributedOp class (docs/custom_ops.md)"
+        )
+
+    def meta_output_shapes(self, func: Any, args: tuple, kwargs: dict) -> list[Any]:
+        """The global shapes of ``func``'s tensor outputs (None for a non-tensor output),
+        computed without data from the global shapes and dtypes of the DTensor arguments
+        (``args``/``kwargs`` hold the DTensors themselves).
+
+        Raises:
+            NotImplementedError: the framework cannot run ops without data.
+        """
+        unimplemented(
+            self, "meta_output_shapes", "cannot compute an op's output shapes without data"
+        )
+
+
+# ---------------------------------------------------------------------- combinations
+class CommOps(Comm, LocalOps, Protocol):
+    """Collectives and local primitives: what the composed collectives
+    (:mod:`hyper_shard.platform.compose`) and the executor's steps need."""
+
+
+class Runtime(CommOps, Autograd, Protocol):
+    """Collectives, local primitives and autograd: what differentiable redistribution and
+    the neutral kernels need."""
+
+
+# ---------------------------------------------------------------------- flat buffers
+class FlatBuffers(CommOps, Protocol):
+    """FSDP's flat buffers: one collective per unit over a flat 1-D buffer. Every "flat"
+    tensor is 1-D and contiguous; chunks are in mesh-coordinate order. The ``*_into``
+    collectives are native where the platform overrides them (and may then be async, see
+    :attr:`Comm.async_collectives`); the defaults here compose them (synchronously)."""
+
     def empty_flat(self, numel: int, dtype: Any, like: Any) -> Any:
         """An uninitialised 1-D tensor of ``numel`` elements of ``dtype`` on ``like``'s
         device (a plain tensor, outside autograd)."""
-        raise NotImplementedError
-
-    def reshape(self, t: Any, shape: Sequence[int]) -> Any:
-        """``t`` viewed with ``shape`` (same elements, row-major; a view where possible)."""
-        raise NotImplementedError
+        unimplemented(self, "empty_flat")
 
     def copy_flat(self, dst: Any, src: Any) -> None:
         """``dst[...] = src`` in place, element for element in row-major order (``dst``
         contiguous; ``src`` cast to ``dst``'s dtype; same number of elements), outside
         autograd."""
-        raise NotImplementedError
+        unimplemented(self, "copy_flat")
 
     def pack_chunks(self, tensors: Sequence[Any], n: int, out: Any) -> None:
         """Write every tensor's ``n`` dim-0 ``torch.chunk`` pieces, each padded to
@@ -337,10 +370,12 @@ class Platform:
     def free_storage(self, t: Any) -> None:
         """Release ``t``'s memory, keeping the tensor object (and every view and autograd
         reference to it) valid for a later :meth:`alloc_storage`. A platform without
-        storage resizing may leave the memory allocated."""
+        storage resizing may leave the memory allocated (the default)."""
+        return None
 
     def alloc_storage(self, t: Any) -> None:
         """Give a tensor freed by :meth:`free_storage` its memory back (contents undefined)."""
+        return None
 
     def all_gather_into(self, out: Any, inp: Any, group: Any, async_op: bool = False) -> Any:
         """All-gather flat ``inp`` (``k`` elements) into flat ``out`` (``n * k``), chunk
@@ -348,11 +383,7 @@ class Platform:
 
         Returns a handle whose ``wait()`` completes the collective when ``async_op`` and
         the backend runs it asynchronously, else None (already complete)."""
-        n = len(group.ranks) if hasattr(group, "ranks") else 1
-        parts = self.all_gather(inp, group, n)
-        k = self.shape(inp)[0]
-        for c, p in enumerate(parts):
-            self.copy_flat(self.narrow(out, 0, c * k, k), p)
+        compose.all_gather_flat(self, out, inp, group)
         return None
 
     def reduce_scatter_into(
@@ -360,12 +391,9 @@ class Platform:
     ) -> Any:
         """Reduce (``sum``/``avg``) flat ``inp`` (``n * k`` elements, chunk ``c`` for mesh
         coordinate ``c``) over the group; this rank's chunk lands in flat ``out`` (``k``).
-        Composed from an all-reduce where the backend has no reduce-scatter. Returns a
-        handle or None as :meth:`all_gather_into`."""
-        k = self.shape(out)[0]
-        c = list(group.ranks).index(self.get_rank()) if hasattr(group, "ranks") else 0
-        full = self.all_reduce(inp, op, group)
-        self.copy_flat(out, self.narrow(full, 0, c * k, k))
+        Default: :func:`hyper_shard.platform.compose.reduce_scatter_flat` (the composition
+        shared by every platform). Returns a handle or None as :meth:`all_gather_into`."""
+        compose.reduce_scatter_flat(self, out, inp, op, group)
         return None
 
     def all_reduce_into(self, t: Any, op: str, group: Any, async_op: bool = False) -> Any:
@@ -373,120 +401,15 @@ class Platform:
         self.copy_flat(t, self.all_reduce(t, op, group))
         return None
 
-    def all_gather_bytes(self, data: bytes, group: Any, n: int) -> list[bytes]:
-        """Every rank's ``data`` (the same length, a multiple of 4, on every rank), in
-        mesh-coordinate order: one small all-gather, not recorded (the consistency mode's
-        fingerprint exchange)."""
-        raise NotImplementedError
 
-    # ------------------------------------------------------------ autograd & wrapping
-    def custom_autograd(self, fwd: Callable[[Any], Any], bwd: Callable[[Any], Any], x: Any) -> Any:
-        """``fwd(x)`` recorded as one autograd node whose backward is ``bwd(grad)``."""
-        raise NotImplementedError
+# ---------------------------------------------------------------------- the platform
+class Platform(FlatBuffers, Runtime, Wrapping):
+    """A framework: every protocol above (a framework subclasses it and implements its
+    methods; the defaults raise NotImplementedError or compose).
 
-    def alias_autograd(self, bwd: Callable[[Any], Any], x: Any) -> Any:
-        """An alias of ``x`` (same data, no copy) recorded as one autograd node whose
-        backward is ``bwd(grad)``, that may be modified in place as a tensor of its own (as
-        ``DTensor.from_local``'s result may, in PyTorch). Default: the identity
-        :meth:`custom_autograd`."""
-        return self.custom_autograd(lambda t: t, bwd, x)
+    Attributes:
+        name: the platform's key (``"torch"``, ``"mindspore"``...), for messages and the
+            registry's bindings; the core never compares it.
+    """
 
-    def requires_grad(self, t: Any) -> bool:
-        raise NotImplementedError
-
-    def native_group(self, group: Any) -> Any:
-        """What ``DeviceMesh.get_group`` hands users: the framework's own group object
-        (default: hyper_shard's group itself)."""
-        return group
-
-    def group_from_native(self, native: Any) -> Any:
-        """hyper_shard's group over a framework process group a user made (for
-        ``DeviceMesh.from_group``)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot build a mesh from a group")
-
-    def rank_tensor(self, nested: list[Any]) -> Any:
-        """``DeviceMesh.mesh``: the ranks (a nested list) as the framework shows them
-        (default: the nested list itself)."""
-        return nested
-
-    def cast(self, t: Any, dtype: Any) -> Any:
-        """``t`` converted to ``dtype`` (differentiable; a plain local tensor)."""
-        raise NotImplementedError(
-            f"{type(self).__name__} cannot cast local tensors (forward_dtype/backward_dtype)"
-        )
-
-    def wrap(self, local: Any, spec: Any) -> Any:
-        """Wrap a local tensor (keeping its autograd history) as this platform's DTensor."""
-        raise NotImplementedError
-
-    def make_leaf(self, local: Any, spec: Any, requires_grad: bool) -> Any:
-        """A new autograd leaf DTensor over ``local``'s data."""
-        raise NotImplementedError
-
-    def local_of(self, dt: Any) -> Any:
-        """The local tensor of a DTensor as a plain framework tensor (alias, keeps autograd)."""
-        raise NotImplementedError
-
-    def tensor_meta(self, t: Any, shape: Sequence[int] | None = None) -> Any:
-        """TensorMeta of a plain tensor (global ``shape`` if given, else ``t``'s)."""
-        raise NotImplementedError
-
-    def is_tensor(self, obj: Any) -> bool:
-        raise NotImplementedError
-
-    def op_schema(self, op: Any) -> Any:
-        """What :func:`hyper_shard.experimental.register_sharding` needs of a framework op:
-        an :class:`~hyper_shard._register_sharding.OpSchemaInfo` (the registry names that
-        bind it, its argument names, which are tensors, how many tensor outputs).
-
-        Raises:
-            TypeError: ``op`` is not an op of this framework that can be registered.
-        """
-        raise TypeError(
-            f"{type(self).__name__}: register_sharding is not available for {op!r} on this "
-            f"framework; write a YAML entry with a DistributedOp class (docs/custom_ops.md)"
-        )
-
-    def meta_output_shapes(self, func: Any, args: tuple, kwargs: dict) -> list[Any]:
-        """The global shapes of ``func``'s tensor outputs (None for a non-tensor output),
-        computed without data from the global shapes and dtypes of the DTensor arguments
-        (``args``/``kwargs`` hold the DTensors themselves).
-
-        Raises:
-            NotImplementedError: the framework cannot run ops without data.
-        """
-        raise NotImplementedError(
-            f"{type(self).__name__} cannot compute an op's output shapes without data"
-        )
-
-    def version(self, t: Any) -> int | None:
-        """A counter that changes whenever ``t``'s data is written in place, or None if the
-        framework has none (then nothing is memoised)."""
-        return None
-
-    def copy_into(self, dst: Any, src: Any) -> None:
-        """Copy DTensor ``src``'s local data into DTensor ``dst``'s (same layout), in place."""
-        raise NotImplementedError
-
-    def shares_storage(self, a: Any, b: Any) -> bool:
-        """Whether local tensors ``a`` and ``b`` are views of the same memory (default:
-        False, for a framework that does not say)."""
-        return False
-
-    def copy_plain(self, dst: Any, src: Any) -> None:
-        """``dst`` (a plain local tensor, possibly a view) overwritten in place with ``src``
-        (differentiable)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot copy into local tensors")
-
-    def detach(self, t: Any) -> Any:
-        raise NotImplementedError
-
-    def contiguous(self, t: Any) -> Any:
-        raise NotImplementedError
-
-    def new_tensor(
-        self, kind: str, shape: Sequence[int], fill_value: Any, dtype: Any, device: Any = None
-    ) -> Any:
-        """A new plain tensor (kind: zeros/ones/empty/full/rand/randn) on the mesh's device
-        type ``device``."""
-        raise NotImplementedError
+    name: str = "abstract"

@@ -23,6 +23,7 @@ import os
 import sys
 from typing import Any
 
+from .. import _locator
 from ..registry.platforms import platform_bindings, platform_key_of, registered_platforms
 from .base import Platform
 
@@ -141,3 +142,6 @@ def platform_of_tensor(t: Any) -> Platform:
             f"expected a tensor of a registered platform ({keys}), got {type(t).__name__}"
         )
     return plat
+
+
+_locator.install(get_platform, platform_of_tensor, platform_of_object)

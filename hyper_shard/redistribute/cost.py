@@ -2,8 +2,9 @@
 
 A :class:`CostModel` holds the constants (latency per hop, seconds per byte on the wire,
 seconds per byte copied, a per-step penalty) and which collectives the platform runs
-natively; each step kind prices itself from them (the table of prices is in
-:mod:`hyper_shard.redistribute.steps`, next to the steps' forward and backward).
+natively; each step kind prices itself from them, a collective the platform lacks as the
+composition that replaces it (the table of prices and routes is
+:mod:`hyper_shard.redistribute.steps`).
 
 Units: seconds and bytes. This module imports no framework.
 """

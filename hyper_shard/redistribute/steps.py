@@ -1,4 +1,7 @@
-"""The redistribution steps, one class each: legality, cost, forward and backward.
+"""The redistribution step table: every step kind's legality, price, collective and
+transpose, as data. No collective runs here (the executor,
+:mod:`hyper_shard.redistribute.executor`, runs the steps), so plans are made and tested in
+one process with no platform.
 
 A step changes the placement of one mesh dim ``m`` of one tensor:
 
@@ -15,68 +18,70 @@ P(op) -> S(d)  reduce_scatter   reduce-scatter along d (sum and avg only)
 =============  ===============  ==============================================
 
 :data:`STEPS` maps a kind's name to its :class:`StepKind`; the placement-state graph
-(legal moves), the cost model (alpha-beta prices) and the executor (forward and backward)
-all read this one table, so a new step is one class here.
+(legal moves), the cost model (prices) and the executor (which collective, which
+transpose) all read this one table, so a new step is one class here and one runner there.
 
 Legality: a step on mesh dim ``m`` that touches tensor dim ``d`` (as source or target
 shard) is legal only if no mesh dim to the right of ``m`` shards ``d`` (shards nest left
 to right); the caller passes those dims as ``blocked``.
 
 Costs (ring algorithms, ``n`` ranks on the mesh dim; ``alpha`` seconds per hop, ``beta``
-seconds per byte on the wire, ``gamma`` seconds per byte copied locally):
+seconds per byte on the wire, ``gamma`` seconds per byte copied locally; ``B`` the
+largest local shard before the step, ``B'`` after):
 
-=================  ==============================  ================================
-step               hops                            bytes on the wire (per rank)
-=================  ==============================  ================================
-all-gather         n - 1                           (n - 1) / n * output bytes
-reduce-scatter     n - 1                           (n - 1) / n * input bytes
-all-reduce         2 (n - 1)                       2 (n - 1) / n * bytes
-all-to-all         n - 1                           (n - 1) / n * input bytes
-local chunk/pad    0                               gamma * output bytes (a copy)
-=================  ==============================  ================================
+=====================================  =========  ===========================  ==========
+step / route                           hops       bytes on the wire (per rank) local copy
+=====================================  =========  ===========================  ==========
+all-gather                             n - 1      (n - 1) / n * B'
+all-reduce                             2 (n - 1)  2 (n - 1) / n * B
+reduce-scatter, native                 n - 1      (n - 1) / n * B
+reduce-scatter = all-reduce + narrow   2 (n - 1)  2 (n - 1) / n * B             B'
+reduce-scatter = all-gather + sum      n - 1      (n - 1) * B                   n B'
+all-to-all, native                     n - 1      (n - 1) / n * B
+all-to-all = n - 1 send/recv rounds    n - 1      (n - 1) / n * B               B'
+all-to-all = all-gather + pick         n - 1      (n - 1) * B                   B'
+local chunk/pad/partition              0          0                             B' (B)
+=====================================  =========  ===========================  ==========
 
-A collective the platform lacks natively is priced as the composition that replaces it
-(reduce-scatter = all-reduce + chunk; all-to-all = all-gather of the whole local shard + a
-local pick) and run as such. Every step also costs ``step_penalty`` (fewer steps win ties).
+A collective the platform lacks natively (its cost model's ``native`` set) is priced as
+the composition that replaces it — the first of the kind's routes the platform can run
+(:meth:`StepKind.route`: all-reduce before all-gather, send/recv before all-gather) — and
+the executor runs exactly that composition (:mod:`hyper_shard.platform.compose`). Every step
+also costs ``step_penalty`` (fewer steps win ties).
 
 Gradient contract (see DESIGN.md): local autograd computes, on every rank, the derivative
 of the global objective with respect to that rank's local data, so the backward of each
-step is its transpose (all-gather <-> reduce-scatter, chunk <-> pad, all-to-all <->
-all-to-all back, all-reduce <-> all-reduce of the gradient).
-
-Framework-neutral: every tensor operation goes through the platform passed in (duck-typed,
-:class:`hyper_shard.platform.base.Platform`); uneven shards (``torch.chunk`` semantics) are
-padded to the largest chunk for a collective and trimmed after. No framework import.
+step is its transpose (:meth:`StepKind.transpose`: all-gather <-> reduce-scatter, chunk
+<-> pad, all-to-all <-> all-to-all back, all-reduce <-> all-reduce of the gradient), plus
+the scalings the executor applies (avg: divide by n; max/min: route to the extremum).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
-from ..flight.context import StepFrame, stack
 from ..placement import Partial, Placement, Replicate, Shard
-from ..spec import DTensorSpec, chunk_sizes
+
+if TYPE_CHECKING:
+    from .cost import CostModel
 
 __all__ = [
     "OrderedState",
     "StepKind",
+    "Transpose",
     "STEPS",
     "STEPS_FROM",
     "COLLECTIVES",
     "LOCAL_STEPS",
-    "run_step",
-    "COUNTERS",
+    "ROUTES",
 ]
 
 _R = Replicate()
 _SUM = Partial("sum")
 
-#: active step counters (see :func:`hyper_shard.debug.comm_counter`)
-COUNTERS: list[dict[str, int]] = []
 
-
-# ---------------------------------------------------------------------- shared helpers
 class OrderedState(list):
     """The placements of a plan in progress plus every tensor dim's split order
     (``order[d]``: the mesh dims sharding ``d``, in the order they split it), for plans
@@ -97,51 +102,20 @@ class OrderedState(list):
         return out
 
 
-def _extent(
-    spec: DTensorSpec, state: Sequence[Placement], m: int, d: int, coord: Sequence[int]
-) -> int:
-    """Extent of tensor dim ``d`` that mesh dim ``m`` splits: after the shards of the mesh
-    dims that split ``d`` before ``m`` (left of ``m``; with an :class:`OrderedState`, before
-    ``m`` in ``d``'s split order), at this rank's coordinates."""
-    e = spec.shape[d]
-    ms = spec.mesh.shape
-    order = getattr(state, "order", None)
-    if order is not None:
-        for k in order[d]:
-            if k == m:
-                break
-            e = chunk_sizes(e, ms[k])[coord[k]]
-        return e
-    for k in range(m):
-        p = state[k]
-        if type(p) is Shard and p.dim == d:
-            e = chunk_sizes(e, ms[k])[coord[k]]
-    return e
+@dataclass(frozen=True)
+class Transpose:
+    """The step a kind's backward runs on the gradient: ``kind`` from ``src`` to ``dst`` on
+    the same mesh dim, from the placements after the forward step (``after``) or before."""
+
+    kind: str
+    src: Placement
+    dst: Placement
+    after: bool
 
 
-def _sizes(spec: DTensorSpec, state: Sequence[Placement], m: int, d: int) -> list[int]:
-    """The ``torch.chunk`` piece sizes mesh dim ``m`` splits tensor dim ``d`` into."""
-    coord = spec.mesh.get_coordinate()
-    assert coord is not None
-    return chunk_sizes(_extent(spec, state, m, d, coord), spec.mesh.shape[m])
-
-
-def _coord(spec: DTensorSpec, m: int) -> int:
-    coord = spec.mesh.get_coordinate()
-    assert coord is not None
-    return coord[m]
-
-
-def _split(plat: Any, t: Any, d: int, sizes: Sequence[int]) -> list[Any]:
-    out, start = [], 0
-    for s in sizes:
-        out.append(plat.narrow(t, d, start, s))
-        start += s
-    return out
-
-
-def _pad_to(plat: Any, t: Any, d: int, size: int) -> Any:
-    return t if plat.shape(t)[d] == size else plat.pad_dim(t, d, size)
+def _ring(cm: CostModel, m: int, hops: int, wire_bytes: float) -> float:
+    """``hops`` latencies plus ``wire_bytes`` over the bandwidth, plus the step penalty."""
+    return cm.step_penalty + hops * cm.alpha_at(m) + wire_bytes * cm.beta_at(m)
 
 
 # ---------------------------------------------------------------------- the base class
@@ -152,11 +126,16 @@ class StepKind:
         name: the kind's name (``"all_gather"``...), as plans and counters spell it.
         source: the placement type it moves from (Replicate, Shard or Partial).
         collective: whether it communicates.
+        routes: the ways to run it, in order of preference: ``"native"`` (the collective
+            of the same name), then the compositions (:mod:`hyper_shard.platform.compose`),
+            each named by the native collective it uses; a local kind has the single route
+            ``"local"``.
     """
 
     name: ClassVar[str]
     source: ClassVar[type]
     collective: ClassVar[bool] = True
+    routes: ClassVar[tuple[str, ...]] = ("native",)
 
     def targets(
         self, p: Placement, ndim: int, blocked: frozenset[int] | set[int], ops: Sequence[str]
@@ -171,39 +150,50 @@ class StepKind:
         """
         raise NotImplementedError
 
-    def cost(self, cm: Any, m: int, n: int, bytes_in: int, bytes_out: int) -> float:
-        """Seconds for one step on mesh dim ``m`` of ``n`` ranks under the alpha-beta model
-        ``cm`` (:class:`~hyper_shard.redistribute.cost.CostModel`); ``bytes_in``/``bytes_out``:
-        the largest local shard before/after."""
+    def route_cost(
+        self, route: str, cm: CostModel, m: int, n: int, bytes_in: int, bytes_out: int
+    ) -> float:
+        """Seconds for one step on mesh dim ``m`` of ``n`` ranks run by ``route`` under the
+        alpha-beta model ``cm``; ``bytes_in``/``bytes_out``: the largest local shard
+        before/after."""
         raise NotImplementedError
 
-    def forward(
-        self,
-        plat: Any,
-        t: Any,
-        spec: DTensorSpec,
-        state: Sequence[Placement],
-        m: int,
-        src: Placement,
-        dst: Placement,
-    ) -> Any:
-        """Run the step on local ``t``; ``state`` holds the placements before it."""
-        raise NotImplementedError
+    def needs(self, route: str) -> str | None:
+        """The native collective ``route`` runs (None for a local step)."""
+        if not self.collective:
+            return None
+        return self.name if route == "native" else route
 
-    def backward(
-        self,
-        plat: Any,
-        g: Any,
-        spec: DTensorSpec,
-        before: Sequence[Placement],
-        after: Sequence[Placement],
-        m: int,
-        src: Placement,
-        dst: Placement,
-        saved: list[Any],
-    ) -> Any:
-        """The transpose of :meth:`forward` on the local gradient ``g`` of its output;
-        ``saved`` holds what :meth:`saves` asked the forward to keep (popped last first)."""
+    def route(self, native: frozenset[str]) -> str:
+        """The route the executor runs and the planner prices: the first of
+        :attr:`routes` whose collective is in ``native`` (the platform's native set). The order is by
+        measurement, not by the alpha-beta model, which cannot rank the compositions: on
+        mccl (MindSpore CPU, 2 ranks) reduce-scatter by all-gather + sum took 1.5-4x the
+        time of all-reduce + narrow (8 to 4096 rows of 256 floats) where the ring model
+        prices it lower.
+
+        Raises:
+            ValueError: no route is available (a platform without all-gather).
+        """
+        for r in self.routes:
+            need = self.needs(r)
+            if need is None or need in native:
+                return r
+        raise ValueError(
+            f"redistribution step {self.name}: the platform runs none of "
+            f"{[self.needs(r) for r in self.routes]} natively (native: {sorted(native)}); "
+            f"every platform must run all_gather and all_reduce"
+        )
+
+    def cost(self, cm: CostModel, m: int, n: int, bytes_in: int, bytes_out: int) -> float:
+        """Seconds for one step by the route it runs by (see :meth:`route`)."""
+        if n <= 1 and self.collective:
+            return cm.step_penalty
+        return self.route_cost(self.route(cm.native), cm, m, n, bytes_in, bytes_out)
+
+    def transpose(self, src: Placement, dst: Placement) -> Transpose | None:
+        """The step the backward of ``src -> dst`` runs on the gradient (None: the
+        gradient passes unchanged)."""
         raise NotImplementedError
 
     def saves(self, src: Placement) -> bool:
@@ -214,113 +204,64 @@ class StepKind:
         return f"<step {self.name}>"
 
 
-def run_step(
-    plat: Any,
-    t: Any,
-    spec: DTensorSpec,
-    state: Sequence[Placement],
-    m: int,
-    kind: str,
-    src: Placement,
-    dst: Placement,
-) -> Any:
-    """Run one step of ``kind`` on mesh dim ``m`` from ``state`` (the placements before it),
-    counting it in every active :func:`~hyper_shard.debug.comm_counter`. A collective step
-    runs inside a :class:`~hyper_shard.flight.context.StepFrame` (what a CollectiveError,
-    the flight recorder and the consistency mode name)."""
-    if COUNTERS:
-        for counter in COUNTERS:
-            counter[kind] = counter.get(kind, 0) + 1
-    step = STEPS[kind]
-    if not step.collective:
-        return step.forward(plat, t, spec, state, m, src, dst)
-    frames = stack()
-    frames.append(StepFrame(kind, m, spec, state, dst))
-    try:
-        return step.forward(plat, t, spec, state, m, src, dst)
-    finally:
-        frames.pop()
-
-
 # ---------------------------------------------------------------------- local steps
-class Chunk(StepKind):
+class _Local(StepKind):
+    collective = False
+    routes = ("local",)
+
+
+class Chunk(_Local):
     """R -> S(d): keep this rank's ``torch.chunk`` piece."""
 
     name = "chunk"
     source = Replicate
-    collective = False
 
     def targets(self, p, ndim, blocked, ops):  # type: ignore[no-untyped-def]
         return [Shard(d) for d in range(ndim) if d not in blocked]
 
-    def cost(self, cm, m, n, bytes_in, bytes_out):  # type: ignore[no-untyped-def]
+    def route_cost(self, route, cm, m, n, bytes_in, bytes_out):  # type: ignore[no-untyped-def]
         return cm.step_penalty + cm.gamma * bytes_out
 
-    def forward(self, plat, t, spec, state, m, src, dst):  # type: ignore[no-untyped-def]
-        d = dst.dim
-        sizes = _sizes(spec, state, m, d)
-        c = _coord(spec, m)
-        return plat.narrow(t, d, sum(sizes[:c]), sizes[c])
-
-    def backward(self, plat, g, spec, before, after, m, src, dst, saved):  # type: ignore[no-untyped-def]
-        return run_step(plat, g, spec, after, m, "pad", dst, _SUM)
+    def transpose(self, src, dst):  # type: ignore[no-untyped-def]
+        return Transpose("pad", dst, _SUM, True)
 
 
-class Partition(StepKind):
+class Partition(_Local):
     """R -> P(op): the value on coordinate 0 and the op's identity elsewhere (sum/prod);
     the value itself everywhere for avg/max/min."""
 
     name = "partition"
     source = Replicate
-    collective = False
 
     def targets(self, p, ndim, blocked, ops):  # type: ignore[no-untyped-def]
         return [Partial(o) for o in ops]
 
-    def cost(self, cm, m, n, bytes_in, bytes_out):  # type: ignore[no-untyped-def]
+    def route_cost(self, route, cm, m, n, bytes_in, bytes_out):  # type: ignore[no-untyped-def]
         return cm.step_penalty + cm.gamma * bytes_in
 
-    def forward(self, plat, t, spec, state, m, src, dst):  # type: ignore[no-untyped-def]
-        op = dst.reduce_op
-        if op in ("sum", "prod") and _coord(spec, m) != 0:
-            return plat.zeros_like(t) if op == "sum" else plat.ones_like(t)
-        return t
-
-    def backward(self, plat, g, spec, before, after, m, src, dst, saved):  # type: ignore[no-untyped-def]
+    def transpose(self, src, dst):  # type: ignore[no-untyped-def]
         if dst.reduce_op in ("sum", "prod"):
-            return run_step(plat, g, spec, before, m, "partition", src, _SUM)
-        return g
+            return Transpose("partition", src, _SUM, False)
+        return None
 
 
-class Pad(StepKind):
+class Pad(_Local):
     """S(d) -> P(sum): place the shard at its offset in zeros of the whole extent."""
 
     name = "pad"
     source = Shard
-    collective = False
 
     def targets(self, p, ndim, blocked, ops):  # type: ignore[no-untyped-def]
         return [_SUM] if "sum" in ops and p.dim not in blocked else []
 
-    def cost(self, cm, m, n, bytes_in, bytes_out):  # type: ignore[no-untyped-def]
+    def route_cost(self, route, cm, m, n, bytes_in, bytes_out):  # type: ignore[no-untyped-def]
         return cm.step_penalty + cm.gamma * bytes_out
 
-    def forward(self, plat, t, spec, state, m, src, dst):  # type: ignore[no-untyped-def]
-        d = src.dim
-        sizes = _sizes(spec, state, m, d)
-        c = _coord(spec, m)
-        return plat.embed(t, d, sum(sizes[:c]), sum(sizes))
-
-    def backward(self, plat, g, spec, before, after, m, src, dst, saved):  # type: ignore[no-untyped-def]
-        return run_step(plat, g, spec, before, m, "chunk", dst, src)
+    def transpose(self, src, dst):  # type: ignore[no-untyped-def]
+        return Transpose("chunk", dst, src, False)
 
 
 # ---------------------------------------------------------------------- collectives
-def _ring(cm: Any, m: int, n: int, hops: int, wire_bytes: float) -> float:
-    """``hops`` latencies plus ``wire_bytes`` over the bandwidth, plus the step penalty."""
-    return cm.step_penalty + hops * cm.alpha_at(m) + wire_bytes * cm.beta_at(m)
-
-
 class AllGather(StepKind):
     """S(d) -> R: all-gather the pieces along d (padded to the largest, trimmed)."""
 
@@ -330,66 +271,45 @@ class AllGather(StepKind):
     def targets(self, p, ndim, blocked, ops):  # type: ignore[no-untyped-def]
         return [] if p.dim in blocked else [_R]
 
-    def cost(self, cm, m, n, bytes_in, bytes_out):  # type: ignore[no-untyped-def]
-        if n <= 1:
-            return cm.step_penalty
-        return _ring(cm, m, n, n - 1, (n - 1) / n * bytes_out)
+    def route_cost(self, route, cm, m, n, bytes_in, bytes_out):  # type: ignore[no-untyped-def]
+        return _ring(cm, m, n - 1, (n - 1) / n * bytes_out)
 
-    def forward(self, plat, t, spec, state, m, src, dst):  # type: ignore[no-untyped-def]
-        d = src.dim
-        sizes = _sizes(spec, state, m, d)
-        group, n = spec.mesh._group(m), spec.mesh.shape[m]
-        parts = plat.all_gather(_pad_to(plat, t, d, sizes[0]), group, n)
-        return plat.cat([plat.narrow(p, d, 0, s) for p, s in zip(parts, sizes)], d)
-
-    def backward(self, plat, g, spec, before, after, m, src, dst, saved):  # type: ignore[no-untyped-def]
-        return run_step(plat, g, spec, after, m, "reduce_scatter", _SUM, src)
+    def transpose(self, src, dst):  # type: ignore[no-untyped-def]
+        return Transpose("reduce_scatter", _SUM, src, True)
 
 
 class ReduceScatter(StepKind):
-    """P(sum|avg) -> S(d): reduce and keep this rank's piece along d (composed as
-    all-reduce + chunk where the platform has no reduce-scatter)."""
+    """P(sum|avg) -> S(d): reduce and keep this rank's piece along d (native, or composed
+    from an all-reduce + narrow, or from an all-gather + local sum)."""
 
     name = "reduce_scatter"
     source = Partial
+    routes = ("native", "all_reduce", "all_gather")
 
     def targets(self, p, ndim, blocked, ops):  # type: ignore[no-untyped-def]
         if p.reduce_op not in ("sum", "avg"):
             return []
         return [Shard(d) for d in range(ndim) if d not in blocked]
 
-    def cost(self, cm, m, n, bytes_in, bytes_out):  # type: ignore[no-untyped-def]
-        if n <= 1:
-            return cm.step_penalty
+    def route_cost(self, route, cm, m, n, bytes_in, bytes_out):  # type: ignore[no-untyped-def]
         f = (n - 1) / n
-        if "reduce_scatter" in cm.native:
-            return _ring(cm, m, n, n - 1, f * bytes_in)
-        return _ring(cm, m, n, 2 * (n - 1), 2 * f * bytes_in) + cm.gamma * bytes_out
+        if route == "native":
+            return _ring(cm, m, n - 1, f * bytes_in)
+        if route == "all_reduce":
+            return _ring(cm, m, 2 * (n - 1), 2 * f * bytes_in) + cm.gamma * bytes_out
+        return _ring(cm, m, n - 1, (n - 1) * bytes_in) + cm.gamma * n * bytes_out
 
-    def forward(self, plat, t, spec, state, m, src, dst):  # type: ignore[no-untyped-def]
-        d, op = dst.dim, src.reduce_op
-        sizes = _sizes(spec, state, m, d)
-        c = _coord(spec, m)
-        group = spec.mesh._group(m)
-        if "reduce_scatter" in plat.native_collectives and op in ("sum", "avg"):
-            pieces = [_pad_to(plat, p, d, sizes[0]) for p in _split(plat, t, d, sizes)]
-            out = plat.reduce_scatter(pieces, op, group)
-            return plat.narrow(out, d, 0, sizes[c])
-        full = plat.all_reduce(t, op, group)
-        return plat.narrow(full, d, sum(sizes[:c]), sizes[c])
-
-    def backward(self, plat, g, spec, before, after, m, src, dst, saved):  # type: ignore[no-untyped-def]
-        out = run_step(plat, g, spec, after, m, "all_gather", dst, src)
-        return plat.scale(out, 1.0 / spec.mesh.shape[m]) if src.reduce_op == "avg" else out
+    def transpose(self, src, dst):  # type: ignore[no-untyped-def]
+        return Transpose("all_gather", dst, src, True)  # avg: the executor divides by n
 
 
 class AllToAll(StepKind):
     """S(d) -> S(e): every rank sends piece j of dim e to rank j and receives its piece of
-    dim d (composed as an all-gather of the local shard + a local pick where the platform
-    has no all-to-all)."""
+    dim d (native, or composed from send/recv rounds, or from an all-gather + a pick)."""
 
     name = "all_to_all"
     source = Shard
+    routes = ("native", "send_recv", "all_gather")
 
     def targets(self, p, ndim, blocked, ops):  # type: ignore[no-untyped-def]
         d = p.dim
@@ -397,38 +317,15 @@ class AllToAll(StepKind):
             return []
         return [Shard(e) for e in range(ndim) if e != d and e not in blocked]
 
-    def cost(self, cm, m, n, bytes_in, bytes_out):  # type: ignore[no-untyped-def]
-        if n <= 1:
-            return cm.step_penalty
-        if "all_to_all" in cm.native:
-            return _ring(cm, m, n, n - 1, (n - 1) / n * bytes_in)
-        return _ring(cm, m, n, n - 1, (n - 1) * bytes_in) + cm.gamma * bytes_out
+    def route_cost(self, route, cm, m, n, bytes_in, bytes_out):  # type: ignore[no-untyped-def]
+        if route == "native":
+            return _ring(cm, m, n - 1, (n - 1) / n * bytes_in)
+        if route == "send_recv":
+            return _ring(cm, m, n - 1, (n - 1) / n * bytes_in) + cm.gamma * bytes_out
+        return _ring(cm, m, n - 1, (n - 1) * bytes_in) + cm.gamma * bytes_out
 
-    def forward(self, plat, t, spec, state, m, src, dst):  # type: ignore[no-untyped-def]
-        # local t holds chunk c of dim d and the whole extent of dim e; the result holds the
-        # whole extent of d and chunk c of e
-        d, e = src.dim, dst.dim
-        sizes_d = _sizes(spec, state, m, d)
-        sizes_e = _sizes(spec, state, m, e)
-        c = _coord(spec, m)
-        group, n = spec.mesh._group(m), spec.mesh.shape[m]
-        if "all_to_all" in plat.native_collectives:
-            pieces = [
-                _pad_to(plat, _pad_to(plat, p, e, sizes_e[0]), d, sizes_d[0])
-                for p in _split(plat, t, e, sizes_e)
-            ]
-            recv = plat.all_to_all(pieces, group)
-        else:
-            everyone = plat.all_gather(_pad_to(plat, t, d, sizes_d[0]), group, n)
-            start = sum(sizes_e[:c])
-            recv = [plat.narrow(x, e, start, sizes_e[c]) for x in everyone]
-        return plat.cat(
-            [plat.narrow(plat.narrow(r, e, 0, sizes_e[c]), d, 0, s) for r, s in zip(recv, sizes_d)],
-            d,
-        )
-
-    def backward(self, plat, g, spec, before, after, m, src, dst, saved):  # type: ignore[no-untyped-def]
-        return run_step(plat, g, spec, after, m, "all_to_all", dst, src)
+    def transpose(self, src, dst):  # type: ignore[no-untyped-def]
+        return Transpose("all_to_all", dst, src, True)
 
 
 class AllReduce(StepKind):
@@ -441,30 +338,11 @@ class AllReduce(StepKind):
     def targets(self, p, ndim, blocked, ops):  # type: ignore[no-untyped-def]
         return [_R]
 
-    def cost(self, cm, m, n, bytes_in, bytes_out):  # type: ignore[no-untyped-def]
-        if n <= 1:
-            return cm.step_penalty
-        return _ring(cm, m, n, 2 * (n - 1), 2 * (n - 1) / n * bytes_in)
+    def route_cost(self, route, cm, m, n, bytes_in, bytes_out):  # type: ignore[no-untyped-def]
+        return _ring(cm, m, 2 * (n - 1), 2 * (n - 1) / n * bytes_in)
 
-    def forward(self, plat, t, spec, state, m, src, dst):  # type: ignore[no-untyped-def]
-        return plat.all_reduce(t, src.reduce_op, spec.mesh._group(m))
-
-    def backward(self, plat, g, spec, before, after, m, src, dst, saved):  # type: ignore[no-untyped-def]
-        op = src.reduce_op
-        total = run_step(plat, g, spec, before, m, "all_reduce", _SUM, _R)
-        if op == "sum":
-            return total
-        if op == "avg":
-            return plat.scale(total, 1.0 / spec.mesh.shape[m])
-        if op in ("max", "min"):
-            x, y = saved.pop()
-            mask = plat.eq_mask(x, y)
-            count = run_step(plat, mask, spec, before, m, "all_reduce", _SUM, _R)
-            return plat.div(plat.mul(total, mask), count)
-        raise NotImplementedError(
-            f"gradient through all-reduce of Partial({op}) is not supported; redistribute the "
-            f"value to Replicate() before differentiating through it"
-        )
+    def transpose(self, src, dst):  # type: ignore[no-untyped-def]
+        return Transpose("all_reduce", _SUM, _R, False)  # avg/max/min: the executor scales
 
     def saves(self, src: Placement) -> bool:
         return type(src) is Partial and src.reduce_op in ("max", "min")
@@ -487,3 +365,5 @@ STEPS_FROM: dict[type, tuple[StepKind, ...]] = {
 COLLECTIVES = frozenset(k.name for k in STEPS.values() if k.collective)
 #: the local kinds
 LOCAL_STEPS = frozenset(k.name for k in STEPS.values() if not k.collective)
+#: collective kind -> its routes (see :attr:`StepKind.routes`)
+ROUTES: dict[str, tuple[str, ...]] = {k.name: k.routes for k in STEPS.values() if k.collective}

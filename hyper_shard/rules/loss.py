@@ -50,7 +50,6 @@ Semantics follow ``torch.nn.functional.cross_entropy`` / ``nll_loss`` / ``log_so
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -58,7 +57,13 @@ from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..dispatch.search import SingleDimStrategy
 from ..errors import ShardingError
 from ..kernels import groups_of
-from ..kernels.loss import ClassParallelLoss, GlobalMeanLoss, ShardedLogSoftmax
+from ..kernels.loss import (
+    LOSS_PARALLEL,
+    ClassParallelLoss,
+    GlobalMeanLoss,
+    ShardedLogSoftmax,
+    loss_parallel_enabled,
+)
 from ..placement import Partial, Placement, Shard, normalize_placements
 from ..registry.models import RuleParams
 from ..spec import compute_local_shape_and_offset
@@ -74,14 +79,6 @@ __all__ = [
     "LOSS_PARALLEL",
     "legacy_reduction",
 ]
-
-#: depth of nested ``loss_parallel()`` contexts in the current thread/task
-LOSS_PARALLEL: ContextVar[int] = ContextVar("hyper_shard_loss_parallel", default=0)
-
-
-def loss_parallel_enabled() -> bool:
-    """True inside :func:`hyper_shard.parallel.loss_parallel` (this thread/task only)."""
-    return LOSS_PARALLEL.get() > 0
 
 
 def legacy_reduction(size_average: Any, reduce: Any, reduction: Any) -> str:

@@ -58,7 +58,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
@@ -72,6 +72,9 @@ from ..redistribute.planner import cost_model_for
 from ..registry.models import RuleParams
 from . import register_rule
 from .pointwise import PointwiseOp
+
+if TYPE_CHECKING:
+    from ..platform.base import LocalOps
 
 __all__ = [
     "ReductionOp",
@@ -253,7 +256,7 @@ class _MeanAsSum:
     __slots__ = ("binder", "dims", "keepdim", "count", "plat")
 
     def __init__(
-        self, binder: Binder, dims: tuple[int, ...], keepdim: bool, count: int, plat: Any
+        self, binder: Binder, dims: tuple[int, ...], keepdim: bool, count: int, plat: LocalOps
     ) -> None:
         self.binder, self.dims, self.keepdim, self.count = binder, dims, keepdim, count
         self.plat = plat

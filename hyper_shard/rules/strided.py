@@ -17,14 +17,18 @@ DTensors (``rule: as_strided``); semantics as torch's on the GLOBAL tensor.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._creation import local_stride
 from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..errors import ShardingError
 from ..placement import Replicate, Shard
+from ..redistribute.executor import redistribute_local
 from ..spec import global_stride, view_stride
 from . import register_rule
+
+if TYPE_CHECKING:
+    from ..platform.base import LocalOps, Runtime
 
 __all__ = ["AsStridedOp"]
 
@@ -37,7 +41,7 @@ class _Identity:
 
     __slots__ = ("func", "plat", "size", "stride", "offset", "describe")
 
-    def __init__(self, func: Any, plat: Any, size: tuple, stride: tuple, offset: Any, d: str):
+    def __init__(self, func: Any, plat: LocalOps, size: tuple, stride: tuple, offset: Any, d: str):
         self.func, self.plat, self.size, self.stride = func, plat, size, stride
         self.offset, self.describe = offset, d
 
@@ -62,13 +66,13 @@ class _GatheredAsStrided:
 
     __slots__ = ("func", "plat", "spec", "size", "stride", "offset")
 
-    def __init__(self, func: Any, plat: Any, spec: Any, size: tuple, stride: tuple, offset: Any):
+    def __init__(
+        self, func: Any, plat: Runtime, spec: Any, size: tuple, stride: tuple, offset: Any
+    ):
         self.func, self.plat, self.spec = func, plat, spec
         self.size, self.stride, self.offset = size, stride, offset
 
     def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
-        from ..dtensor import redistribute_local
-
         plat, spec = self.plat, self.spec
         gst = global_stride(spec.shape, plat.shape(x), local_stride(plat, x))
         full = redistribute_local(plat, x, spec, spec.with_placements((R,) * spec.mesh.ndim))

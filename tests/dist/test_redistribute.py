@@ -140,9 +140,9 @@ def test_all_pairs_1d_mesh_of_4_partials(dist4):
     assert counts == [6 * 6] * 4
 
 
-def check_all_pairs_composed(rank, world, *args):
-    """:func:`check_all_pairs` with the torch platform composing reduce-scatter and
-    all-to-all from other collectives, as ``HYPER_SHARD_COMPOSE=reduce_scatter,all_to_all``
+def check_all_pairs_composed(rank, world, drop, *args):
+    """:func:`check_all_pairs` with the torch platform composing the collectives ``drop``
+    from the others (hyper_shard/platform/compose.py), as ``HYPER_SHARD_COMPOSE=...``
     makes it at start-up (the platform reads the variable once, into
     ``native_collectives``, which the cost model and the executor read), on the shared
     pool instead of four more processes."""
@@ -151,19 +151,32 @@ def check_all_pairs_composed(rank, world, *args):
 
     plat = get_platform("torch")
     native = plat.native_collectives
-    plat.native_collectives = native - {"reduce_scatter", "all_to_all"}
+    plat.native_collectives = native - set(drop)
     try:
         cm = cost_model_for(init_device_mesh("cpu", args[0]))
-        assert not {"reduce_scatter", "all_to_all"} & cm.native, cm
+        assert not set(drop) & cm.native, cm
         return check_all_pairs(rank, world, *args)
     finally:
         plat.native_collectives = native
 
 
-def test_composed_collectives(dist4):
-    """With reduce-scatter and all-to-all composed (as on MindSpore CPU), same results."""
-    counts = dist4.run(check_all_pairs_composed, (2, 2), (5, 3), ("sum",), True)
-    assert counts == [16 * 16] * 4
+@pytest.mark.parametrize(
+    "drop, mesh_shape, shape",
+    [
+        # as on MindSpore CPU: all-to-all by send/recv rounds, reduce-scatter composed
+        (("reduce_scatter", "all_to_all"), (2, 2), (5, 3)),
+        # a ring of 4 (each round sends to c + k, receives from c - k), uneven shards
+        (("reduce_scatter", "all_to_all"), (4,), (6, 5)),
+        # no point-to-point either: all-to-all by all-gather + a pick
+        (("reduce_scatter", "all_to_all", "send_recv"), (4,), (6, 5)),
+    ],
+    ids=["2x2", "ring4", "ring4-no-p2p"],
+)
+def test_composed_collectives(dist4, drop, mesh_shape, shape):
+    """With reduce-scatter and all-to-all composed, the same results and gradients."""
+    counts = dist4.run(check_all_pairs_composed, drop, mesh_shape, shape, ("sum",), True)
+    n = (len(shape) + 2) ** len(mesh_shape)  # S(d) for each d, R, P(sum) per mesh dim
+    assert counts == [n * n] * 4
 
 
 def check_grad_paths(rank, world, mesh_shape, shape):

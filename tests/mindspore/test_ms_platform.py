@@ -51,10 +51,19 @@ def check_collectives(rank: int, world: int) -> dict:
             out[name] = "ran"
         except NotImplementedError as e:  # no kernel on CPU: never attempted, never a hang
             out[name] = str(e)
+    peer = 1 - rank  # a paired exchange with the other rank (isend/irecv)
+    out["send_recv"] = plat.send_recv(x, peer, x, peer, g).asnumpy()
     cm = plat.cost_model(mesh)
-    out["cost_rs_eq_ar_plus_copy"] = cm.step_cost(
-        "reduce_scatter", 0, 2, 4096, 2048
-    ) > cm.step_cost("all_reduce", 0, 2, 4096, 4096)
+    from hyper_shard.redistribute.steps import STEPS
+
+    rs = STEPS["reduce_scatter"]
+    routes = {r: rs.route_cost(r, cm, 0, 2, 4096, 2048) for r in rs.routes}
+    # priced as the composition that runs (all-reduce + narrow), dearer than native
+    out["cost_rs_composed"] = (
+        rs.route(plat.native_collectives) == "all_reduce"
+        and cm.step_cost("reduce_scatter", 0, 2, 4096, 2048) == routes["all_reduce"]
+        and routes["native"] < routes["all_reduce"]
+    )
     out["dtype_f16"] = plat.all_reduce(x.astype(ms.float16), "sum", g).dtype == ms.float16
     return out
 
@@ -65,7 +74,7 @@ def test_collectives(ms2):
     for rank, out in enumerate(res):
         assert out["platform"] == "mindspore"
         assert out["group"] == "mccl_world_group"  # the CPU world group, passed explicitly
-        assert out["native"] == ["all_gather", "all_reduce"]
+        assert out["native"] == ["all_gather", "all_reduce", "send_recv"]
         for r in range(2):
             np.testing.assert_allclose(out["all_gather"][r], xs[r])
         np.testing.assert_allclose(out["all_reduce_sum"], xs[0] + xs[1], rtol=1e-6)
@@ -80,8 +89,9 @@ def test_collectives(ms2):
         assert [a.tolist() for a in out["all_gather_int"]] == [[0, 7], [1, 7]]
         assert out["objects"] == [{"r": 0}, {"r": 1}]
         assert "composes it from all_reduce" in out["reduce_scatter"]
-        assert "composes it from all_gather" in out["all_to_all"]
-        assert out["cost_rs_eq_ar_plus_copy"]
+        assert "composes it from send_recv rounds or all_gather" in out["all_to_all"]
+        np.testing.assert_allclose(out["send_recv"], xs[1 - rank])
+        assert out["cost_rs_composed"]
         assert out["dtype_f16"]
 
 

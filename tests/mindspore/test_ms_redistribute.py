@@ -3,8 +3,9 @@ shapes) and a fixed random sample on a (2, 2) mesh; ``full_tensor()`` equals the
 and the gradients equal single-process MindSpore's (``ms.grad`` of the same loss on the
 plain tensor).
 
-The reduce-scatter and all-to-all steps these plans use are composed from all-reduce and
-all-gather (mccl on CPU has neither kernel).
+The reduce-scatter and all-to-all steps these plans use are composed
+(hyper_shard/platform/compose.py: mccl on CPU has neither kernel): reduce-scatter from
+all-reduce or all-gather, all-to-all from rounds of isend/irecv.
 """
 
 from __future__ import annotations
@@ -115,6 +116,41 @@ def test_sample_2d(ms4):
     assert all(r == res[0] for r in res)
     assert len(res[0]) == len(pairs)
     for src, dst, fwd, gerr, _verr, placed in res[0]:
+        assert placed, (src, dst)
+        assert fwd < 1e-5, (src, dst, fwd)
+        assert gerr < 1e-5, (src, dst, gerr)
+
+
+def check_composed_ring(rank: int, world: int) -> dict:
+    """On a 1-D mesh of 4 (a ring: each send/recv round sends to c + k and receives from
+    c - k), the moves whose steps are composed, values and gradients, and which step
+    kinds ran."""
+    from hyper_shard.debug import comm_counter
+    from tests.mindspore._ms_helpers import mesh_1d
+
+    mesh = mesh_1d(world)
+    pairs = [
+        (("S(0)",), ("S(1)",)),
+        (("S(1)",), ("S(0)",)),
+        (("P",), ("S(0)",)),
+        (("P",), ("S(1)",)),
+    ]
+    with comm_counter() as counts:
+        res = _run_pairs(rank, mesh, (7, 9), pairs)
+    return {
+        "pairs": res,
+        "counts": dict(counts),
+        "native": sorted(mesh.platform.native_collectives),
+    }
+
+
+def test_composed_collectives_on_a_ring_of_4(ms4):
+    res = ms4.run(check_composed_ring)
+    assert all(r["pairs"] == res[0]["pairs"] for r in res)
+    assert "all_to_all" not in res[0]["native"] and "reduce_scatter" not in res[0]["native"]
+    assert res[0]["counts"].get("all_to_all", 0) >= 2  # forward and backward, composed
+    assert res[0]["counts"].get("reduce_scatter", 0) >= 2
+    for src, dst, fwd, gerr, _verr, placed in res[0]["pairs"]:
         assert placed, (src, dst)
         assert fwd < 1e-5, (src, dst, fwd)
         assert gerr < 1e-5, (src, dst, gerr)

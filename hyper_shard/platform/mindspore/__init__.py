@@ -6,11 +6,12 @@ Devices and their collectives:
 ======== ========= =========================================================================
 device   backend   native collectives (the others are composed by the executor)
 ======== ========= =========================================================================
-CPU      mccl      ``all_gather`` (to a list), ``all_reduce``; reduce-scatter = all-reduce +
-                   narrow, all-to-all = all-gather + pick (MindSpore 2.10 has no
-                   ``DistCommReduceScatter``/``DistCommAllToAllV`` CPU kernels)
-Ascend   HCCL      all four
-GPU      NCCL      all four
+CPU      mccl      ``all_gather`` (to a list), ``all_reduce``, ``send_recv`` (isend/irecv);
+                   reduce-scatter and all-to-all are composed (MindSpore 2.10 has no
+                   ``DistCommReduceScatter``/``DistCommAllToAllV`` CPU kernels; see
+                   :mod:`hyper_shard.platform.compose`)
+Ascend   HCCL      all four, and ``send_recv``
+GPU      NCCL      all four, and ``send_recv``
 ======== ========= =========================================================================
 
 Every collective passes its group explicitly (on CPU the default ``"hccl_world_group"``
@@ -37,6 +38,7 @@ from mindspore.communication import GlobalComm
 from mindspore.graph.api import _pynative_executor as _executor
 
 from ...flight import collective, guarded
+from ...parallel._adapter import register_adapter
 from ...redistribute.cost import COLLECTIVES
 from ...spec import TensorMeta, contiguous_stride
 from ..base import GroupRanks, Platform
@@ -44,8 +46,9 @@ from .timeouts import check_group_timeout, collective_timeout, set_collective_ti
 
 __all__ = ["MindSporePlatform", "MSGroup", "CPU_COLLECTIVES", "ms_local"]
 
-#: collectives MindSpore 2.10 runs natively on CPU (mccl)
-CPU_COLLECTIVES = frozenset({"all_gather", "all_reduce"})
+#: collectives MindSpore 2.10 runs natively on CPU (mccl): all-gather, all-reduce and the
+#: point-to-point isend/irecv (no batch_isend_irecv kernel: two handles, waited on)
+CPU_COLLECTIVES = frozenset({"all_gather", "all_reduce", "send_recv"})
 _BACKENDS = {"CPU": "mccl", "Ascend": "hccl", "GPU": "nccl"}
 _DEVICES = {"cpu": "CPU", "ascend": "Ascend", "npu": "Ascend", "gpu": "GPU", "cuda": "GPU"}
 _local_shape = Tensor.shape.fget  # the C++ (local) shape, whatever a subclass reports
@@ -132,7 +135,7 @@ class MindSporePlatform(Platform):
 
     @staticmethod
     def _native(device: str) -> frozenset[str]:
-        base = CPU_COLLECTIVES if device == "CPU" else COLLECTIVES
+        base = CPU_COLLECTIVES if device == "CPU" else COLLECTIVES | {"send_recv"}
         compose = {x.strip() for x in os.environ.get("HYPER_SHARD_COMPOSE", "").split(",")}
         return frozenset(c for c in base if c not in compose)
 
@@ -474,7 +477,8 @@ class MindSporePlatform(Platform):
             raise NotImplementedError(
                 f"reduce_scatter: MindSpore on {self.device} has no native reduce-scatter "
                 f"(no DistCommReduceScatter kernel); hyper_shard composes it from all_reduce + "
-                f"narrow. Do not list 'reduce_scatter' in native_collectives on this device"
+                f"narrow or all_gather + sum (hyper_shard.platform.compose). Do not list "
+                f"'reduce_scatter' in native_collectives on this device"
             )
         if len(group.ranks) == 1:
             return pieces[0]
@@ -499,7 +503,8 @@ class MindSporePlatform(Platform):
         if "all_to_all" not in self.native_collectives:
             raise NotImplementedError(
                 f"all_to_all: MindSpore on {self.device} has no native all-to-all (no "
-                f"DistCommAllToAllV kernel); hyper_shard composes it from all_gather"
+                f"DistCommAllToAllV kernel); hyper_shard composes it from send_recv rounds or "
+                f"all_gather (hyper_shard.platform.compose)"
             )
         if len(group.ranks) == 1:
             return list(pieces)
@@ -510,6 +515,23 @@ class MindSporePlatform(Platform):
             dist.all_to_all, recv, send, group=group.name,
         )  # fmt: skip
         return group.to_coord_order(recv)
+
+    def send_recv(self, t: Tensor, dst: int, like: Tensor, src: int, group: MSGroup) -> Tensor:
+        """One paired exchange: ``isend`` of ``t`` to coordinate ``dst`` and ``irecv`` of a
+        tensor like ``like`` from coordinate ``src`` into a fresh buffer, both waited on."""
+        if len(group.ranks) == 1:
+            return t
+        dtype = t.dtype
+        wire = _GATHER_WIRE.get(dtype) if self.device == "CPU" else None
+        send = self._owned(t) if wire is None else ms_local(t).astype(wire)
+        recv = self._zeros(_local_shape(like), send.dtype)
+        if 0 in _local_shape(send) and 0 in _local_shape(recv):
+            return recv if wire is None else recv.astype(dtype)
+        collective(
+            self, "send_recv", group, _local_shape(send), send.dtype,
+            _exchange, send, group.ranks[dst], recv, group.ranks[src], group.name,
+        )  # fmt: skip
+        return recv if wire is None else recv.astype(dtype)
 
     def broadcast(self, t: Tensor, src_group_rank: int, group: MSGroup) -> Tensor:
         if len(group.ranks) == 1:
@@ -591,6 +613,13 @@ class MindSporePlatform(Platform):
             Tensor.assign_value(dst, ops.deepcopy(self.local_of(src)))
 
 
+def _exchange(send: Tensor, dst: int, recv: Tensor, src: int, group: str | None) -> None:
+    out = dist.isend(send, dst, group=group)
+    inc = dist.irecv(recv, src, group=group)
+    out.wait()
+    inc.wait()
+
+
 def _comm_initialized() -> bool:
     from mindspore.communication._comm_helper import _is_initialized
 
@@ -607,6 +636,14 @@ def _patch_world_defaults() -> None:
     D.get_cache_group_rank.__defaults__ = (world,)
     D.get_cache_group_size.__defaults__ = (world,)
 
+
+def _module_adapter() -> Any:
+    from .parallel import MindSporeModuleAdapter
+
+    return MindSporeModuleAdapter()
+
+
+register_adapter(_module_adapter)  # parallelize_module on mindspore.nn.Cell
 
 from .autograd import grad, optimizer_grads, value_and_grad  # noqa: E402  (needs the above)
 

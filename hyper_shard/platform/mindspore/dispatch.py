@@ -651,7 +651,7 @@ def raise_kernel_error(e: RuntimeError, func: Any, args: tuple) -> None:
     name = _name_of(func)
     dts = [a for a in args if _is_dtensor(a)]
     hint = MISSING_KERNEL_HINTS.get(name, "see docs/mindspore.md for the CPU alternatives")
-    device = DISPATCHER.platform.device
+    device = getattr(DISPATCHER.platform, "device", "this device")
     raise HyperShardError(
         f"{name}({', '.join(fmt_placements(d._spec) for d in dts)}): MindSpore has no kernel "
         f"for it on {device} ({msg.splitlines()[0].strip()}); {hint}"

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch._C import DisableTorchFunctionSubclass
 
 from ...flight import collective, guarded
+from ...parallel._adapter import register_adapter
 from ...redistribute.cost import COLLECTIVES
 from ...spec import TensorMeta, contiguous_stride
 from ..base import GroupRanks, Platform
@@ -32,8 +33,15 @@ _OPS = {
     "min": dist.ReduceOp.MIN,
     "prod": dist.ReduceOp.PRODUCT,
 }
+#: what torch.distributed runs natively on every backend (gloo included)
+_NATIVE = COLLECTIVES | {"send_recv"}
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _exchange(ops: list[Any]) -> None:
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
 
 
 class TorchGroup(GroupRanks):
@@ -123,10 +131,13 @@ class TorchPlatform(Platform):
     #: what torch.distributed raises for a failed collective (DistError is a RuntimeError)
     comm_errors: tuple[type[BaseException], ...] = (RuntimeError,)
 
+    #: the flat collectives (FSDP's ``*_into``) run with ``async_op=True`` and a handle
+    async_collectives = True
+
     def __init__(self) -> None:
         compose = os.environ.get("HYPER_SHARD_COMPOSE", "")
         self.native_collectives = frozenset(
-            c for c in COLLECTIVES if c not in {x.strip() for x in compose.split(",")}
+            c for c in _NATIVE if c not in {x.strip() for x in compose.split(",")}
         )
 
     # ------------------------------------------------------------ process groups
@@ -467,6 +478,24 @@ class TorchPlatform(Platform):
         )  # fmt: skip
         return group.to_coord_order(list(out.unbind(0)))
 
+    def send_recv(
+        self, t: torch.Tensor, dst: int, like: torch.Tensor, src: int, group: TorchGroup
+    ) -> torch.Tensor:
+        """One paired exchange (``batch_isend_irecv``): ``t`` to coordinate ``dst``, a
+        tensor like ``like`` from coordinate ``src``."""
+        if t.dtype is torch.int16:
+            return self.send_recv(t.int(), dst, like.int(), src, group).to(torch.int16)
+        send = t.contiguous()
+        recv = torch.empty_like(like, memory_format=torch.contiguous_format)
+        if send.numel() == 0 and recv.numel() == 0:
+            return recv
+        ops = [
+            dist.P2POp(dist.isend, send, group.ranks[dst], group.pg),
+            dist.P2POp(dist.irecv, recv, group.ranks[src], group.pg),
+        ]
+        collective(self, "send_recv", group, send.shape, send.dtype, _exchange, ops)
+        return recv
+
     def broadcast(self, t: torch.Tensor, src_group_rank: int, group: TorchGroup) -> torch.Tensor:
         if _TRACING[0] or _compiler._is_compiling_flag:
             return _fc.broadcast(t, src_group_rank, group)
@@ -558,7 +587,7 @@ class TorchPlatform(Platform):
         group: TorchGroup,
         async_op: bool = False,
     ) -> Any:
-        if "reduce_scatter" not in self.native_collectives:
+        if "reduce_scatter" not in self.native_collectives:  # the shared composition
             return Platform.reduce_scatter_into(self, out, inp, op, group)
         n = len(group.ranks)
         if not group.identity:  # chunks go to group ranks: reorder the input
@@ -737,3 +766,12 @@ class TorchPlatform(Platform):
             ) from e
         outs = list(out) if isinstance(out, (list, tuple)) else [out]
         return [tuple(o.shape) if isinstance(o, torch.Tensor) else None for o in outs]
+
+
+def _module_adapter() -> Any:
+    from .parallel import TorchModuleAdapter
+
+    return TorchModuleAdapter()
+
+
+register_adapter(_module_adapter)  # parallelize_module on torch.nn.Module

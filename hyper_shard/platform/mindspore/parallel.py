@@ -1,4 +1,6 @@
-"""The tensor-parallel API's view of ``mindspore.nn.Cell``: parameters and forward hooks.
+"""The tensor-parallel API's view of ``mindspore.nn.Cell``: parameters and forward hooks
+(the MindSpore adapter of :mod:`hyper_shard.parallel`, registered with
+:func:`hyper_shard.parallel._adapter.register_adapter` by this platform package).
 
 The styles of :mod:`hyper_shard.parallel.style` are framework-neutral; this adapter gives
 them MindSpore's module system:
@@ -21,7 +23,7 @@ from typing import Any
 
 from mindspore import Parameter, Tensor, mint, nn
 
-from ._adapter import InputHook, ModuleAdapter, OutputHook
+from ...parallel._adapter import InputHook, ModuleAdapter, OutputHook
 
 __all__ = ["MindSporeModuleAdapter"]
 

@@ -1,4 +1,6 @@
-"""The tensor-parallel API's view of ``torch.nn``: parameters and forward hooks.
+"""The tensor-parallel API's view of ``torch.nn``: parameters and forward hooks (the
+torch adapter of :mod:`hyper_shard.parallel`, registered with
+:func:`hyper_shard.parallel._adapter.register_adapter` by this platform package).
 
 Parameters become ``nn.Parameter(DTensor)``: ``nn.Parameter`` keeps a tensor subclass's
 type and marks it ``_is_param``, so the parameter *is* a hyper_shard DTensor, an autograd
@@ -13,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._adapter import InputHook, ModuleAdapter, OutputHook
+from ...parallel._adapter import InputHook, ModuleAdapter, OutputHook
 
 __all__ = ["TorchModuleAdapter"]
 
@@ -28,7 +30,7 @@ def _local_device(t: Any) -> Any:
 
 
 def _full_to_shards(module: Any, state_dict: dict, prefix: str, *_rest: Any) -> None:
-    from ..dtensor import DTensor, distribute_tensor
+    from ...dtensor import DTensor, distribute_tensor
 
     for name, cur in [*module._parameters.items(), *module._buffers.items()]:
         key = prefix + name

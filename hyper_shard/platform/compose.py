@@ -1,0 +1,171 @@
+"""Collectives a platform lacks, composed once from those it has, for every platform.
+
+A platform implements only its native collectives (``Comm.native_collectives``: always
+``all_gather`` and ``all_reduce``, where the backend has them ``reduce_scatter``,
+``all_to_all`` and ``send_recv``). Everything that communicates — the redistribution
+executor, the neutral kernels, FSDP's flat buffers — calls the functions here, which run
+the native collective where it exists and otherwise the cheapest composition:
+
+* reduce-scatter = all-reduce + narrow, or all-gather of every rank's input + a local sum;
+* all-to-all = ``n - 1`` rounds of paired send/recv, or all-gather + a local pick.
+
+Which composition runs is the step table's (:mod:`hyper_shard.redistribute.steps`: the
+routes in order of preference, each priced as what it runs): the executor passes the route
+the plan was priced with; other callers let :func:`route_for` choose with the platform's
+native set. Pieces are in mesh-coordinate order; uneven pieces (``torch.chunk``
+sizes) are padded to the largest for a native collective and trimmed after.
+
+Framework-neutral: every tensor operation goes through the platform passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..redistribute.steps import STEPS
+
+if TYPE_CHECKING:
+    from .base import Comm, CommOps, FlatBuffers, LocalOps
+
+__all__ = [
+    "route_for",
+    "reduce_scatter",
+    "all_to_all",
+    "reduce_scatter_flat",
+    "all_gather_flat",
+]
+
+
+def route_for(plat: Comm, kind: str) -> str:
+    """The route ``kind`` (``"reduce_scatter"``/``"all_to_all"``) runs by on ``plat``:
+    ``"native"`` where the platform has it, else the first composition its native set
+    allows (see :meth:`~hyper_shard.redistribute.steps.StepKind.route`)."""
+    return "native" if plat.has(kind) else STEPS[kind].route(plat.native_collectives)
+
+
+def _pad_to(plat: LocalOps, t: Any, d: int, size: int) -> Any:
+    return t if plat.shape(t)[d] == size else plat.pad_dim(t, d, size)
+
+
+def _split(plat: LocalOps, t: Any, d: int, sizes: Sequence[int]) -> list[Any]:
+    out, start = [], 0
+    for s in sizes:
+        out.append(plat.narrow(t, d, start, s))
+        start += s
+    return out
+
+
+def reduce_scatter(
+    plat: CommOps,
+    t: Any,
+    dim: int,
+    sizes: Sequence[int],
+    op: str,
+    group: Any,
+    coord: int,
+    route: str | None = None,
+) -> Any:
+    """This rank's piece of ``t`` reduced over ``group``: ``t`` (the same shape on every
+    rank) is cut along ``dim`` into pieces of ``sizes`` (one per mesh coordinate), piece
+    ``c`` is reduced with ``op`` (``sum``/``avg``) over the group and kept by coordinate
+    ``c``; this rank is coordinate ``coord``.
+
+    Args:
+        route: ``"native"``, ``"all_reduce"`` or ``"all_gather"`` (None: :func:`route_for`).
+
+    Raises:
+        ValueError: ``op`` other than sum/avg.
+    """
+    if op not in ("sum", "avg"):
+        raise ValueError(f"reduce_scatter: reduce op {op!r} (use 'sum' or 'avg')")
+    n = len(sizes)
+    if route is None:
+        route = route_for(plat, "reduce_scatter")
+    if route == "native":
+        pieces = [_pad_to(plat, p, dim, sizes[0]) for p in _split(plat, t, dim, sizes)]
+        out = plat.reduce_scatter(pieces, op, group)
+        return plat.narrow(out, dim, 0, sizes[coord])
+    start = sum(sizes[:coord])
+    if route == "all_reduce":
+        return plat.narrow(plat.all_reduce(t, op, group), dim, start, sizes[coord])
+    parts = plat.all_gather(t, group, n)  # every rank's whole input: sum my piece of each
+    acc = plat.narrow(parts[0], dim, start, sizes[coord])
+    for p in parts[1:]:
+        acc = acc + plat.narrow(p, dim, start, sizes[coord])
+    if op == "avg":
+        dtype = plat.dtype_of(acc)
+        acc = plat.cast(plat.scale(acc, 1.0 / n), dtype)
+    return acc
+
+
+def all_to_all(
+    plat: CommOps,
+    t: Any,
+    src_dim: int,
+    dst_dim: int,
+    src_sizes: Sequence[int],
+    dst_sizes: Sequence[int],
+    group: Any,
+    coord: int,
+    route: str | None = None,
+) -> Any:
+    """Move the split of ``t`` from ``src_dim`` to ``dst_dim``: ``t`` holds piece
+    ``coord`` of ``src_dim`` (of ``src_sizes``) and the whole of ``dst_dim``; the result
+    holds the whole of ``src_dim`` and piece ``coord`` of ``dst_dim`` (of ``dst_sizes``).
+
+    Args:
+        route: ``"native"``, ``"send_recv"`` or ``"all_gather"`` (None: :func:`route_for`).
+    """
+    d, e, c = src_dim, dst_dim, coord
+    n = len(dst_sizes)
+    if route is None:
+        route = route_for(plat, "all_to_all")
+    if route == "all_gather":
+        everyone = plat.all_gather(_pad_to(plat, t, d, src_sizes[0]), group, n)
+        start = sum(dst_sizes[:c])
+        recv = [plat.narrow(x, e, start, dst_sizes[c]) for x in everyone]
+    else:
+        pieces = [
+            _pad_to(plat, _pad_to(plat, p, e, dst_sizes[0]), d, src_sizes[0])
+            for p in _split(plat, t, e, dst_sizes)
+        ]
+        if route == "native":
+            recv = plat.all_to_all(pieces, group)
+        else:  # n - 1 rounds: send to coordinate c + k, receive from c - k
+            recv = list(pieces)
+            for k in range(1, n):
+                to, frm = (c + k) % n, (c - k) % n
+                recv[frm] = plat.send_recv(pieces[to], to, pieces[to], frm, group)
+    return plat.cat(
+        [plat.narrow(plat.narrow(r, e, 0, dst_sizes[c]), d, 0, s) for r, s in zip(recv, src_sizes)],
+        d,
+    )
+
+
+def _coord(plat: CommOps, group: Any) -> int:
+    ranks = getattr(group, "ranks", None)
+    return list(ranks).index(plat.get_rank()) if ranks else 0
+
+
+def reduce_scatter_flat(plat: FlatBuffers, out: Any, inp: Any, op: str, group: Any) -> None:
+    """FSDP's flat reduce-scatter, composed: flat ``inp`` (``n * k`` elements, chunk ``c``
+    for mesh coordinate ``c``) reduced (``sum``/``avg``) over ``group``; this rank's chunk
+    lands in flat ``out`` (``k``). Synchronous.
+
+    Raises:
+        ValueError: ``op`` other than sum/avg.
+    """
+    k = plat.shape(out)[0]
+    n = plat.shape(inp)[0] // k if k else len(getattr(group, "ranks", (0,)))
+    piece = reduce_scatter(plat, inp, 0, [k] * n, op, group, _coord(plat, group))
+    plat.copy_flat(out, piece)
+
+
+def all_gather_flat(plat: FlatBuffers, out: Any, inp: Any, group: Any) -> None:
+    """FSDP's flat all-gather by the list form: flat ``inp`` (``k`` elements) of every
+    rank into flat ``out`` (``n * k``), chunk ``c`` from mesh coordinate ``c``."""
+    k = plat.shape(inp)[0]
+    n = plat.shape(out)[0] // k if k else len(getattr(group, "ranks", (0,)))
+    for c, p in enumerate(plat.all_gather(inp, group, n)):
+        plat.copy_flat(plat.narrow(out, 0, c * k, k), p)
