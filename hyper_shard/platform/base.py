@@ -250,6 +250,12 @@ class Platform:
         """``dst *= other`` in place; returns ``dst``."""
         raise NotImplementedError
 
+    def put_rows_(self, dst: Any, index: Any, rows: Any) -> Any:
+        """``dst[index] = rows`` in place along dim 0, outside autograd (``index`` a 1-D
+        integer tensor, duplicates only with equal rows; ``rows`` of shape
+        ``(len(index), *dst.shape[1:])``); returns ``dst``."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------ collectives
     def all_gather(self, t: Any, group: Any, n: int) -> list[Any]:
         """Every rank's ``t`` (same shape on every rank), in group-rank order."""
