@@ -321,3 +321,36 @@ def check_dist(rank, world):
 
 def test_dist(dist4):
     assert dist4.run(check_dist) == [True] * 4
+
+
+# ------------------------- test_dtensor: a torch DeviceMesh entered with `with mesh:`
+def check_torch_mesh_context(rank, world):
+    """PyTorch's tests enter their (torch) meshes with ``with mesh:`` and call the DTensor
+    API without a mesh (``test_dtensor_api_device_mesh_context_manager``): hyper_shard takes
+    the innermost entered torch mesh as the default mesh, as PyTorch does (a hyper_shard
+    mesh entered inside it wins)."""
+    from torch.distributed.device_mesh import init_device_mesh as torch_mesh
+
+    m1 = torch_mesh("cpu", (world,))
+    m2 = torch_mesh("cpu", (2, world // 2))
+    x = _r(4 * world, 3, seed=11)
+
+    def run(L):
+        with m1:
+            d = L.DTensor.from_local(_r(3, 3, seed=rank), placements=[L.Shard(0)])
+            r = d.redistribute(placements=[L.Replicate()])
+            s = L.distribute_tensor(x, placements=[L.Shard(0)])
+            with m2:
+                t = L.distribute_tensor(x, placements=[L.Shard(0), L.Replicate()])
+            after = L.distribute_tensor(x, placements=[L.Shard(0)])
+        return r, s.to_local(), t, t.to_local().shape, after.to_local()
+
+    _both(run, "with torch_mesh: the default mesh")
+    hs_mesh = hs.init_device_mesh("cpu", (2, world // 2))
+    with m1, hs_mesh:  # the hyper_shard mesh entered inside wins
+        assert hs.distribute_tensor(x, placements=[hs.Shard(0), hs.Shard(1)]).device_mesh is hs_mesh
+    return _done()
+
+
+def test_torch_mesh_context(dist4):
+    assert dist4.run(check_torch_mesh_context) == [True] * 4

@@ -23,6 +23,7 @@ from torch._C import DisableTorchFunctionSubclass
 from torch.compiler import is_dynamo_compiling as _is_dynamo_compiling
 
 from ...dtensor import DTensor, local_derivative, redistribute_local
+from ...mesh import FOREIGN_CURRENT as _FOREIGN_CURRENT
 from ...placement import Partial, Replicate, grad_placement
 from ...spec import DTensorSpec, contiguous_stride, view_stride
 from . import dcp as _dcp
@@ -798,3 +799,19 @@ _install_state_dict_utils()  # full/offloaded DCP state dicts gather hyper_shard
 from .vmap import install as _install_vmap  # noqa: E402
 
 _install_vmap()  # torch.vmap over DTensors runs on whole local samples (platform/torch/vmap.py)
+
+
+def _torch_entered_mesh() -> Any:
+    """The innermost ``torch.distributed`` DeviceMesh entered with ``with mesh:`` (PyTorch's
+    tests build their meshes so), as a hyper_shard mesh; None when none is entered."""
+    dm = sys.modules.get("torch.distributed.device_mesh")  # not imported: none entered
+    res = getattr(dm, "_mesh_resources", None)
+    stack = getattr(res, "mesh_stack", None)
+    if not stack:
+        return None
+    from ...mesh import as_mesh
+
+    return as_mesh(stack[-1], "with mesh:")  # converted by the torch platform (cached)
+
+
+_FOREIGN_CURRENT.append(_torch_entered_mesh)
