@@ -120,7 +120,8 @@ class DTensor:
             is the local one times the mesh sizes (or ``shape``).
 
         Raises:
-            RuntimeError: ``shape`` without ``stride`` or the reverse (PyTorch's message).
+            RuntimeError: ``shape`` without ``stride`` or the reverse, or a DTensor as
+                ``local_tensor`` (PyTorch's messages).
             ValueError: no mesh, placements that do not fit the mesh, local shards that are
                 not the ``torch.chunk`` layout of ``shape`` (the message gives the expected
                 local shape and how to fix it), or with ``run_check=True`` ranks that
@@ -136,6 +137,12 @@ class DTensor:
             )  # fmt: skip
         from . import _creation as C
 
+        if isinstance(local_tensor, DTensor):
+            raise RuntimeError(
+                f"DTensor.from_local: the local_tensor argument only accepts torch.Tensor but "
+                f"got {type(local_tensor)} value (a DTensor{list(local_tensor._spec.shape)}); "
+                f"pass its to_local(), or redistribute() it to other placements"
+            )
         device_mesh = as_mesh(device_mesh, "DTensor.from_local")
         plat = (
             device_mesh.platform

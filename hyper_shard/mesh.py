@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -466,6 +466,12 @@ class DeviceMesh:
         return f"DeviceMesh({kind}{self.device_type!r}, {self._nested()}{names})"
 
 
+#: platforms' readers of their framework's own innermost ``with mesh:`` (PyTorch's
+#: ``DeviceMesh`` is a context manager too), converted; consulted when no hyper_shard mesh
+#: is entered
+FOREIGN_CURRENT: list[Callable[[], DeviceMesh | None]] = []
+
+
 def current_mesh() -> DeviceMesh | None:
     """The innermost mesh entered with ``with mesh:`` in this thread/task, or None."""
     stack = _MESH_STACK.get()
@@ -474,7 +480,8 @@ def current_mesh() -> DeviceMesh | None:
 
 def as_mesh(mesh: Any, what: str = "this call") -> DeviceMesh:
     """``mesh`` as a hyper_shard DeviceMesh: ``None`` is the mesh of the innermost
-    ``with mesh:``; a framework's own mesh (a ``torch.distributed.device_mesh.DeviceMesh``)
+    ``with mesh:`` (a hyper_shard mesh's, else a ``torch.distributed`` mesh's, converted);
+    a framework's own mesh (a ``torch.distributed.device_mesh.DeviceMesh``)
     is converted by its platform, reusing its process groups (no collective, cached per
     mesh object), so code written for PyTorch DTensor passes its meshes unchanged.
 
@@ -486,6 +493,10 @@ def as_mesh(mesh: Any, what: str = "this call") -> DeviceMesh:
         return mesh
     if mesh is None:
         cur = current_mesh()
+        for entered in FOREIGN_CURRENT if cur is None else ():
+            cur = entered()  # a framework's own mesh entered with `with torch_mesh:`
+            if cur is not None:
+                break
         if cur is None:
             raise ValueError(
                 f"{what} needs device_mesh: pass one (e.g. init_device_mesh('cpu', "

@@ -59,6 +59,12 @@ class ModuleAdapter:
     def set_buffer(self, module: Any, name: str, value: Any) -> None:
         raise NotImplementedError
 
+    def whole_replicate_grad(self, param: Any) -> None:
+        """Make the gradient of a parameter the style leaves ``Replicate`` whole on every
+        rank after backward (PyTorch's ``Replicate`` ``.grad``), where the framework
+        stores gradients on parameters. Default: nothing (hyper_shard's ``Partial(sum)``
+        gradient, reduced by the optimizer step)."""
+
     def tie_param(self, module: Any, name: str, param: Any) -> None:
         """Make ``module.<name>`` the very parameter object ``param`` (weight tying)."""
         raise NotImplementedError

@@ -107,6 +107,8 @@ def _partition(
             mesh.platform.detach(p), mesh, [pl], src_data_rank=style.src_data_rank
         )
         ad.set_param(module, attr, dt, ad.requires_grad(p))
+        if type(pl) is Replicate:  # PyTorch's Replicate .grad (platform/torch/grad_sync.py)
+            ad.whole_replicate_grad(getattr(module, attr))
 
 
 def _module_kind(style: ParallelStyle, module: Any, allowed: tuple[str, ...]) -> str:

@@ -190,6 +190,12 @@ class LocalOps(Protocol):
         """``dst *= other`` in place; returns ``dst``."""
         unimplemented(self, "inplace_mul")
 
+    def put_rows_(self, dst: Any, index: Any, rows: Any) -> Any:
+        """``dst[index] = rows`` in place along dim 0, outside autograd (``index`` a 1-D
+        integer tensor, duplicates only with equal rows; ``rows`` of shape
+        ``(len(index), *dst.shape[1:])``); returns ``dst``."""
+        unimplemented(self, "put_rows_")
+
     def copy_plain(self, dst: Any, src: Any) -> None:
         """``dst`` (a plain local tensor, possibly a view) overwritten in place with ``src``
         (differentiable)."""

@@ -18,7 +18,11 @@ distributed_op_class)`` pairs, the hyper_shard rule with the same meaning:
   entry;
 * a pair with no hyper_shard equivalent (NPU-only fused kernels, ``FlashAttentionScore``,
   ``GatherNd``...) loads as an op that raises :class:`~hyper_shard.errors.ShardingError`
-  when called, naming the class and what to do;
+  when called, naming the class and how to bind the op;
+* a class of a hyper-parallel ``parallel_*`` module that this table does not know (one
+  hyper-parallel added later) loads the same way, so one new class never fails the whole
+  directory; a ``parallel_*`` module the user installed (importable) is imported as any
+  user module, and its missing class fails at load;
 * names a framework does not have (hyper-parallel's YAML spans versions: ``Silu``,
   ``torch.floor_div``) are skipped by the platform binders instead of failing the table
   (``lenient_names``).
@@ -30,6 +34,7 @@ load as before.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterable
 from typing import Any
 
@@ -55,10 +60,18 @@ CLASS_TO_ENTRY: dict[tuple[str, str], str | None] = {
     ("parallel_elementwise", "SubDistributedOp"): "sub",
     ("parallel_elementwise", "ElementWiseWithPartialDistributedOp"): "mul",
     ("parallel_tuple_elementwise", "TupleElementWiseDistributedOp"): None,
-    # reductions
+    ("parallel_elementwise", "LessEqualDistributedOp"): "exp",
+    ("parallel_cell_backward_hook", "CellBackwardHookDistributedOp"): None,
+    # reductions (max/min: torch.max's three forms; ArgMaxWithValue: MindSpore's (index,
+    # value) form, which the max entry binds)
     ("parallel_reduce", "SumExtDistributedOp"): "sum",
     ("parallel_reduce", "MeanExtDistributedOp"): "mean",
     ("parallel_reduce", "ReduceMaxDistributedOp"): "amax",
+    ("parallel_reduce", "ProdExtDistributedOp"): "prod",
+    ("parallel_reduce", "AllExtDistributedOp"): "all",
+    ("parallel_reduce", "MaxDistributedOp"): "max",
+    ("parallel_reduce", "MinDistributedOp"): "min",
+    ("parallel_argmax_with_value_ops", "ArgMaxWithValueDistributedOp"): "max",
     ("parallel_cumsum", "CumsumDistributedOp"): "cumsum",
     # products
     ("parallel_matmul", "MatMulExtDistributedOp"): "matmul",
@@ -98,10 +111,12 @@ CLASS_TO_ENTRY: dict[tuple[str, str], str | None] = {
     # indexing
     ("parallel_gather", "IndexSelectDistributedOp"): "index_select",
     ("parallel_gather", "GatherDDistributedOp"): "gather",
+    ("parallel_gather", "GatherDistributedOp"): "gather",  # its older name (index-shaped output)
     ("parallel_gather", "GatherNdDistributedOp"): None,
     ("parallel_getitem", "GetItemDistributedOp"): "getitem",
     ("parallel_setitem", "SetItemDistributedOp"): "setitem",
     ("parallel_slice", "SliceDistributedOp"): None,
+    ("parallel_slice_ext", "SliceExtDistributedOp"): "slice_dim",  # (input, dim, start, end, step)
     ("parallel_scatter", "ScatterDistributedOp"): "scatter",
     ("parallel_scatter_update", "ScatterUpdateDistributedOp"): None,
     ("parallel_inplace_scatter_value", "InplaceScatterValueDistributedOp"): None,
@@ -119,6 +134,7 @@ CLASS_TO_ENTRY: dict[tuple[str, str], str | None] = {
     ("parallel_norm", "NormDistributedOp"): "rms_norm_gamma",
     ("parallel_norm", "LayerNormDistributedOp"): "layer_norm",
     ("parallel_activation_with_axis", "ActivationWithAxisDistributedOp"): "softmax",
+    ("parallel_swiglu", "SwiGLUDistributedOp"): "glu",  # halves its axis
     ("parallel_embedding", "EmbeddingDistributedOp"): "embedding",
     # attention
     ("parallel_scaled_dot_product_attention", "ScaledDotProductAttentionDistributedOp"): (
@@ -126,6 +142,7 @@ CLASS_TO_ENTRY: dict[tuple[str, str], str | None] = {
     ),
     ("parallel_ms_flash_attention_score", "FlashAttentionScoreDistributedOp"): None,
     ("parallel_npu_flash_attention_score", "NPUFlashAttentionScoreDistributedOp"): None,
+    ("parallel_npu_flash_attention_score", "FlashAttentionScoreDistributedOp"): None,
     ("parallel_npu_sparse_flash_attention", "SparseFlashAttentionDistributedOp"): None,
     ("parallel_paged_attention", "PagedAttentionDistributedOp"): None,
     ("parallel_rotary_position_embedding", "RotaryPositionEmbeddingDistributedOp"): None,
@@ -172,37 +189,75 @@ def special_name(name: str, body: Any, default: Any) -> bool:
     )
 
 
-def is_builtin_pair(entry: Any) -> bool:
-    """True for a seed-format entry naming one of hyper-parallel's built-in classes."""
+#: hyper-parallel names its op modules ``parallel_<op>`` (``distributed_op_file``)
+HP_MODULE_PREFIX = "parallel_"
+
+
+def _pair(entry: Any) -> tuple[str, str] | None:
+    """The ``(distributed_op_file, distributed_op_class)`` of a seed-format entry, or None."""
     if not getattr(entry, "distributed_op_class", None) or entry.distributed_op_module:
-        return False
+        return None
     file = (entry.distributed_op_file or "").removesuffix(".py")
-    return (file, entry.distributed_op_class) in CLASS_TO_ENTRY
+    return (file, entry.distributed_op_class) if file else None
+
+
+def _importable(module: str) -> bool:
+    """True if ``module`` can be imported here (installed, or in
+    ``HYPER_PARALLEL_OPS_PYTHON_PATH``, which the loader has appended to ``sys.path``)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def is_builtin_pair(entry: Any) -> bool:
+    """True for a seed-format entry naming one of hyper-parallel's own classes: a pair of
+    :data:`CLASS_TO_ENTRY`, or any class of a ``parallel_*`` module that is not importable
+    here (hyper-parallel's module, not installed: a class it added after this table was
+    written). A ``parallel_*`` module of the user's own (importable) loads as usual."""
+    pair = _pair(entry)
+    if pair is None:
+        return False
+    return pair in CLASS_TO_ENTRY or (
+        pair[0].startswith(HP_MODULE_PREFIX) and not _importable(pair[0])
+    )
 
 
 _UNSUPPORTED: list[type] = []
 
 
 def unsupported_op_class() -> type:
-    """The op of a hyper-parallel class with no hyper_shard equivalent yet: it loads, and
-    raises a :class:`~hyper_shard.errors.ShardingError` naming the class when called
-    (defined lazily: the registry is imported before the dispatch layer)."""
+    """The op of a hyper-parallel class with no hyper_shard equivalent (yet, or not known
+    to this table): it loads, and raises a :class:`~hyper_shard.errors.ShardingError`
+    naming the class and how to bind the op when called (defined lazily: the registry is
+    imported before the dispatch layer)."""
     if not _UNSUPPORTED:
         from ..dispatch.op import DistributedOp, Layout, OpCall
 
         class UnsupportedHyperParallelOp(DistributedOp):
             lenient_names = True
 
-            def __init__(self, name: str, params: Any = None, origin: str = "") -> None:
+            def __init__(
+                self, name: str, params: Any = None, origin: str = "", known: bool = True
+            ) -> None:
                 super().__init__(name, {})
-                self.origin = origin
+                self.origin, self.known = origin, known
 
             def infer_layout(self, call: OpCall) -> Layout:
+                what = (
+                    "which has no hyper_shard rule"
+                    if self.known
+                    else "a hyper-parallel class hyper_shard does not map (not in "
+                    "hyper_shard/registry/hyper_parallel.py)"
+                )
                 raise ShardingError(
                     f"{call.describe()}: entry {self.name!r} names hyper-parallel's "
-                    f"{self.origin}, which has no hyper_shard rule; redistribute the inputs "
-                    f"to Replicate() and call the op on to_local() tensors, or write a "
-                    f"DistributedOp for it (docs/custom_ops.md)"
+                    f"{self.origin}, {what}; bind the op yourself: an entry "
+                    f"'{self.name}: {{rule: <a hyper_shard rule, e.g. pointwise>, override: "
+                    f"true}}' (or 'class: module:Class') in a YAML directory listed after "
+                    f"this one in HYPER_PARALLEL_OPS_YAML_DIR (docs/custom_ops.md; "
+                    f"'hyper-shard ops list' shows the rules), or redistribute the inputs "
+                    f"to Replicate() and call the op on to_local() tensors"
                 )
 
         _UNSUPPORTED.append(UnsupportedHyperParallelOp)
@@ -234,13 +289,13 @@ def _builtin_names(key: str) -> dict[str, list[str]]:
 def build(file: str, name: str, entry: Any) -> Any:
     """The op of a seed-format entry naming a hyper-parallel built-in class (see the
     module docstring), or None for any other entry (the loader builds it as usual)."""
-    if not is_builtin_pair(entry):
+    pair = _pair(entry)
+    if pair is None or not is_builtin_pair(entry):
         return None
-    pair = ((entry.distributed_op_file or "").removesuffix(".py"), entry.distributed_op_class)
-    target = NAME_TO_ENTRY.get(name, CLASS_TO_ENTRY[pair])
+    target = NAME_TO_ENTRY.get(name, CLASS_TO_ENTRY.get(pair))
     origin = f"{pair[1]} ({pair[0]})"
     if target is None:
-        return unsupported_op_class()(name, origin=origin)
+        return unsupported_op_class()(name, origin=origin, known=pair in CLASS_TO_ENTRY)
     proto = _builtin_entries()[target].op
     op = type(proto)(name, proto.params)
     op.lenient_names = True  # type: ignore[attr-defined]

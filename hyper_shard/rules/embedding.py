@@ -23,10 +23,15 @@ The dense backward is local autograd: a row-sharded weight gets a row-sharded gr
 Replicate weight a Partial(sum) one (the sum of every rank's lookups), as single-device.
 ``scale_grad_by_freq`` needs every index on every rank (counts are global), so the indices
 are gathered and the weight is not row-sharded. ``max_norm`` renormalises the looked-up
-weight rows in place, which needs whole rows: with a Replicate weight every rank
-renormalises identically (the indices are gathered); with a row-sharded weight each rank
-renormalises the looked-up rows it holds (exactly the rows single-device torch changes, on
-their owners) and the lookup is vocab-parallel as above; other weight layouts raise.
+weight rows in place (``torch.embedding_renorm_``: outside autograd), so the weight never
+moves and the indices are gathered: with a Replicate weight every rank renormalises
+identically; with a row-sharded weight each rank renormalises the looked-up rows it holds
+(exactly the rows single-device torch changes, on their owners) and the lookup is
+vocab-parallel as above; with a column-sharded weight (``Shard(1)``, alone or with
+``Shard(0)`` on other mesh dims) each row's norm is completed over the column shards by one
+all-reduce of the partial ``sum |w|^p`` (``norm_type`` p; max/min for +-inf) and each rank
+rescales its slice (``kernels/embedding_renorm.py``). A ``Partial`` weight raises, and so
+does ``scale_grad_by_freq`` with a row-sharded one (the counts need every index).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from typing import Any, Literal
 
 from ..dispatch.op import Binder, Layout, OpCall
 from ..errors import ShardingError
+from ..kernels import groups_of
+from ..kernels.embedding_renorm import ShardedEmbeddingRenorm
 from ..placement import Partial, Shard
 from ..registry.models import RuleParams
 from ..spec import compute_local_shape_and_offset
@@ -85,6 +92,7 @@ class VocabParallelLookup:
             # renormalise only the rows this rank holds that are looked up (a lookup of
             # them alone does it, in place, as torch), then look up without max_norm
             a2, k2 = b.replace(args, kwargs, "input", local[~outside])
+            a2, k2 = b.replace(a2, k2, "padding_idx", None)  # maybe not a local row
             self.func(*a2, **k2)
             args, kwargs = b.replace(args, kwargs, "max_norm", None)
         args, kwargs = b.replace(args, kwargs, "input", local.masked_fill(outside, 0))
@@ -114,7 +122,8 @@ class EmbeddingOp(PlannedOp):
     Raises:
         ShardingError: indices or weight that are not DTensors, an embedding weight that is
             not 2-D, indices that are not integers, ``batch_dims`` other than 0, or
-            ``max_norm`` with a weight that is not Replicate.
+            ``max_norm`` with a Partial weight (or with ``scale_grad_by_freq`` and a
+            row-sharded one).
         IndexError: an axis out of range.
     """
 
@@ -166,22 +175,8 @@ class EmbeddingOp(PlannedOp):
             ins[ii], ins[iw] = pi, pw
             return tuple(ins)
 
-        row = Shard(axis)
         if max_norm is not None:
-            if any(type(p) is not type(R) and p != row for p in w.placements):
-                raise ShardingError(
-                    f"{call.describe()}: max_norm renormalises the looked-up weight rows in "
-                    f"place, which needs whole rows: a Replicate or row-sharded (Shard(0)) "
-                    f"weight; redistribute the weight or drop max_norm"
-                )
-            # the weight never moves (the rows are renormalised in its own storage); the
-            # indices are gathered so every rank renormalises the rows it holds that any
-            # rank looks up (a row-sharded table: each row on its owner only)
-            strategies_mn: list = [((_PSUM,), pair(R, row))] if row in w.placements else []
-            plan = OpPlan([out_shape], strategies_mn, fixed=(iw,))
-            if strategies_mn:
-                plan.local = self._vocab_local(call, iw, w, axis)
-            return plan
+            return self._max_norm_plan(call, ii, iw, out_shape, by_freq)
         strategies: list = []
         if not by_freq:
             strategies += [((Shard(axis + j),), pair(Shard(j), R)) for j in range(k)]
@@ -192,6 +187,73 @@ class EmbeddingOp(PlannedOp):
             strategies.append(((_PSUM,), pair(R, Shard(axis))))
         strategies += [((p,), pair(R, p)) for p in partials_of([w])]
         return OpPlan([out_shape], strategies, local=self._vocab_local(call, iw, w, axis))
+
+    def _max_norm_plan(
+        self, call: OpCall, ii: int, iw: int, out_shape: tuple, by_freq: bool
+    ) -> OpPlan:
+        """``max_norm`` renormalises the looked-up weight rows in place, so the weight never
+        moves; the indices are gathered so every rank renormalises the rows it holds that
+        any rank looks up. A row-sharded weight (``Shard(0)``) renormalises each row on its
+        owner (vocab-parallel lookup, ``Partial(sum)``); a column-sharded one (``Shard(1)``)
+        completes each row's norm over its column shards (one all-reduce,
+        :class:`~hyper_shard.kernels.embedding_renorm.ShardedEmbeddingRenorm`) and gives
+        an output sharded on its last dim."""
+        w = call.specs[iw]
+        row, col = Shard(0), Shard(1)
+        bad = [p for p in w.placements if p != row and p != col and type(p) is not type(R)]
+        if bad:
+            raise ShardingError(
+                f"{call.describe()}: max_norm renormalises the looked-up weight rows in "
+                f"place, from each row's whole norm: the weight must be Replicate, row-sharded "
+                f"(Shard(0)) or column-sharded (Shard(1)), not {bad[0]}; redistribute the "
+                f"weight or drop max_norm"
+            )
+        if by_freq and row in w.placements:
+            raise ShardingError(
+                f"{call.describe()}: scale_grad_by_freq counts every index, which a "
+                f"row-sharded (Shard(0)) weight cannot see, and max_norm keeps the weight "
+                f"where it is; redistribute the weight to Replicate or Shard(1), or drop one "
+                f"of the two options"
+            )
+
+        def pair(pw: Any) -> tuple:
+            ins = [R, R]
+            ins[iw] = pw
+            return tuple(ins)
+
+        strategies: list = []
+        if row in w.placements:
+            strategies.append(((_PSUM,), pair(row)))
+        if col in w.placements:
+            strategies.append(((Shard(call.specs[ii].ndim),), pair(col)))
+        plan = OpPlan([out_shape], strategies, fixed=(iw,))
+        if strategies:
+            plan.local = self._renorm_local(call, iw, w)
+        return plan
+
+    def _renorm_local(self, call: OpCall, iw: int, w: Any) -> Any:
+        """The step installing the max_norm lookup of a sharded weight: the vocab-parallel
+        lookup (which renormalises its own rows) and, where columns are sharded, the
+        renormalisation over the column shards before it."""
+        vocab = self._vocab_local(call, iw, w, 0)
+        mesh = call.mesh
+        binder = call.binder or self.binder
+
+        def local(layout: Layout) -> Layout:
+            wt = layout.inputs[iw] or w.placements
+            coord = mesh.get_coordinate()
+            cols = [m for m, p in enumerate(wt) if p == Shard(1)]
+            layout = vocab(layout)
+            if coord is None or not cols:
+                return layout
+            ls, off = compute_local_shape_and_offset(w.shape, mesh.shape, wt, coord)
+            lookup = layout.impl if layout.impl is not None else call.func
+            layout.impl = ShardedEmbeddingRenorm(
+                lookup, binder, mesh.platform, (off[0], ls[0], w.shape[0]), groups_of(mesh, cols)
+            )
+            return layout
+
+        return local
 
     def _vocab_local(self, call: OpCall, iw: int, w: Any, axis: int) -> Any:
         """The step installing :class:`VocabParallelLookup` where the decided weight layout

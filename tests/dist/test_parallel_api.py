@@ -270,8 +270,9 @@ def check_attention_tensor_parallel(rank, world):
     rout.sum().backward()
     torch.testing.assert_close(x.grad, rx.grad, **TOL)
     # forward: o's partial sums; backward: ONE all-reduce of x's gradient for q, k and v
-    # together (they share the wrapped input), none for o's output (a replicated gradient)
-    assert (n_fwd, n_bwd) == (1, 1), calls
+    # together (they share the wrapped input), none for o's output (a replicated gradient),
+    # and o's bias (left Replicate by RowwiseParallel) summed whole, as PyTorch's
+    assert (n_fwd, n_bwd) == (1, 2), calls
     return _assert_grads_and_params(m, ref)
 
 

@@ -196,3 +196,103 @@ def test_gather_layouts(ms2):
         assert out["batch_dims"].startswith("ShardingError") and "batch_dims" in out["batch_dims"]
         me = out["mint_embedding"]
         assert me.startswith("HyperShardError") and "no kernel" in me and "nn.Embedding" in me, me
+
+
+def _np_renorm(w: np.ndarray, ids: np.ndarray, max_norm: float, p: float) -> np.ndarray:
+    """``embedding_renorm_`` (the semantics ``ops.embedding`` documents) in numpy."""
+    w = w.copy()
+    for i in np.unique(ids):
+        norm = np.linalg.norm(w[i].astype(np.float64), ord=p)
+        if norm > max_norm:
+            w[i] *= max_norm / (norm + 1e-7)
+    return w
+
+
+def _gather_loss(w, ids, g):
+    from mindspore import ops
+
+    return (ops.gather(w, ids, 0) * g).sum()
+
+
+def check_max_norm(rank: int, world: int) -> dict:
+    """embedding with max_norm on MindSpore, on every table layout.
+
+    MindSpore 2.10 has no CPU kernel for the ``Embedding`` Primitive that ``ops.embedding``
+    and ``mint.nn.functional.embedding`` run (plain MindSpore raises too), so on CPU:
+    (1) the public call raises the clear error on every rank and leaves the table as it was
+    (a column-sharded table renormalised before the lookup is restored); (2) the
+    framework-neutral renormalisation kernel, given MindSpore's ``Gather`` as its lookup,
+    renormalises a column-sharded table over its shards (one mccl all-reduce) exactly as
+    numpy's reference does, and the lookup's values and gradient equal plain Gather's on
+    the renormalised table."""
+    import mindspore as ms
+    from mindspore import Tensor, mint, ops
+
+    import hyper_shard as hs
+    from hyper_shard import Replicate, Shard
+    from hyper_shard.dispatch.op import Binder
+    from hyper_shard.kernels import groups_of
+    from hyper_shard.kernels.embedding_renorm import ShardedEmbeddingRenorm
+    from hyper_shard.rules.embedding import EmbeddingOp
+
+    mesh = hs.init_device_mesh("CPU", (world,))
+    rs = np.random.RandomState(7)
+    W = (rs.randn(V, 5) * 2).astype(np.float32)  # 5 columns: uneven over 2 ranks
+    ids = np.array([[0, 3, 10, 3], [7, 0, 4, 9]], np.int32)
+    out: dict = {}
+    try:
+        ops.embedding(Tensor(ids), Tensor(W), max_norm=1.0)
+        out["plain"] = "no error"
+    except RuntimeError as e:
+        out["plain"] = str(e).splitlines()[0]
+    assert mint.nn.functional.embedding is ops.embedding  # one function in 2.10
+    for pl in (Replicate(), Shard(0), Shard(1)):
+        dw = hs.distribute_tensor(Tensor(W), mesh, [pl])
+        di = hs.distribute_tensor(Tensor(ids), mesh, [Replicate()])
+        try:
+            ops.embedding(di, dw, max_norm=1.0)
+            err = "no error"
+        except Exception as e:
+            err = f"{type(e).__name__}: {e}"
+        unchanged = bool(np.array_equal(dw.full_tensor().asnumpy(), W))
+        out[f"api {pl}"] = (err, unchanged)
+
+    binder = Binder(EmbeddingOp.signature)
+    lookup = lambda i, w, *a, **k: ops.gather(w, i, 0)  # noqa: E731
+    for p in (2.0, 1.0, float("inf")):
+        dw = hs.distribute_tensor(Tensor(W), mesh, [Shard(1)])
+        local = dw.to_local().copy()
+        lo, n = dw._spec.global_offset()[1], dw._spec.local_shape()[1]
+        kernel = ShardedEmbeddingRenorm(
+            lookup, binder, mesh.platform, (0, V, V), groups_of(mesh, [0])
+        )
+        y = kernel(Tensor(ids), local, None, 1.5, p)
+        want_w = _np_renorm(W, ids, 1.5, p)
+        g = rs.randn(*ids.shape, n).astype(np.float32)
+        grad = ms.grad(_gather_loss)(local, Tensor(ids), Tensor(g))
+        out[f"kernel p={p}"] = (
+            float(np.abs(local.asnumpy() - want_w[:, lo : lo + n]).max()),
+            float(np.abs(y.asnumpy() - want_w[ids][..., lo : lo + n]).max()),
+            float(np.abs(W[:, lo : lo + n] - want_w[:, lo : lo + n]).max()),  # rows changed
+        )
+        ref_grad = np.zeros((V, n), np.float32)
+        np.add.at(ref_grad, ids, g)
+        out[f"grad p={p}"] = float(np.abs(grad.asnumpy() - ref_grad).max())
+    return out
+
+
+def test_max_norm(ms2):
+    res = ms2.run(check_max_norm)
+    for out in res:
+        assert "Embedding" in out["plain"], out["plain"]
+        for k, v in out.items():
+            if k.startswith("api"):
+                err, unchanged = v
+                assert err.startswith("HyperShardError") and "no kernel" in err, (k, err)
+                assert unchanged, k
+            elif k.startswith("kernel"):
+                table_err, out_err, changed = v
+                assert table_err < 1e-5 and out_err < 1e-5 and changed > 0.1, (k, v)
+            elif k.startswith("grad"):
+                assert v < 1e-6, (k, v)
+    assert res[0]["plain"] == res[1]["plain"]

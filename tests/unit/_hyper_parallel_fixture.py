@@ -4,7 +4,18 @@ file with its entries as (op name, distributed_op_file, distributed_op_class), t
 keys its files carry (``dist_op_name``, ``infer_layout_suffix``, ``template_name``) and the
 ``__default__`` blocks, so the directory written from it has hyper-parallel's form. Files
 of several versions are included (the repository renamed some), so a few op names appear
-in two files, as they would if both versions were pointed at."""
+in two files, as they would if both versions were pointed at.
+
+Every stored version of the directory was read (84 file names over the repository's
+history, 1-16 versions each); a file whose older version differs in its pairs or names is
+kept a second time as ``NAME.vN.yaml`` (``reduce_ops.v2.yaml``: ``max`` ->
+``MaxDistributedOp``; ``gather_ops.v1.yaml``: ``GatherD`` -> ``GatherDistributedOp``;
+``torch_flash_attention_score.v1.yaml``: the NPU ``FlashAttentionScoreDistributedOp``...).
+``module_classes.yaml`` names, under the op names their classes register, the classes of
+hyper-parallel's ``parallel_*`` modules (``parallel_argmax_with_value_ops``,
+``parallel_slice_ext``, ``parallel_reduce``'s ``ProdExt``/``AllExt``/``Min``,
+``parallel_swiglu``...) that the early-2026 directory names in versions whose file text the
+index does not keep, so that every class the directory can name is in the fixture."""
 
 from __future__ import annotations
 
@@ -426,6 +437,74 @@ FILES: dict[str, tuple[tuple[str, str] | None, list[Entry]]] = {
                 "NpuDenseLightningIndexerSoftmaxLseDistributedOp",
                 {},
             )
+        ],
+    ),
+    # -- older versions whose pairs or names differ from the files above
+    "reduce_ops.v2.yaml": (
+        None,
+        [
+            ("SumExt", "parallel_reduce", "SumExtDistributedOp", {}),
+            ("MeanExt", "parallel_reduce", "MeanExtDistributedOp", {}),
+            ("ReduceMax", "parallel_reduce", "ReduceMaxDistributedOp", {}),
+            ("max", "parallel_reduce", "MaxDistributedOp", {}),
+        ],
+    ),
+    "gather_ops.v1.yaml": (
+        None,
+        [
+            ("IndexSelect", "parallel_gather", "IndexSelectDistributedOp", {}),
+            ("GatherD", "parallel_gather", "GatherDistributedOp", {}),
+            ("GatherNd", "parallel_gather", "GatherNdDistributedOp", {"infer_layout_suffix": "WithShape"}),
+        ],
+    ),
+    "torch_flash_attention_score.v1.yaml": (
+        None,
+        [
+            (
+                "npu_fusion_attention",
+                "parallel_npu_flash_attention_score",
+                "FlashAttentionScoreDistributedOp",
+                {},
+            )
+        ],
+    ),
+    "transpose_ops.v1.yaml": (
+        None,
+        _many(
+            ["Transpose", "TransposeExtView", "permute", "transpose"],
+            "parallel_transpose",
+            "TransposeDistributedOp",
+        ),
+    ),
+    "rotary_position_embedding_ops.v2.yaml": (
+        None,
+        _many(
+            ["RotaryPositionEmbedding", "npu_rotary_mul"],
+            "parallel_rotary_position_embedding",
+            "RotaryPositionEmbeddingDistributedOp",
+        ),
+    ),
+    "unbind_ops.v1.yaml": (
+        None,
+        [("unbind", "parallel_unbind", "UnbindDistributedOp", {"infer_layout_suffix": "WithShape"})],
+    ),
+    "element_wise_ops.v1.yaml": (  # the first directory (dist_parallel/.../yaml): no default
+        None,
+        _many(["AddExt", "Add", "SubExt", "Sub", "Mul", "Div", "ReLU", "Tile"], *EW),
+    ),
+    # -- classes of hyper-parallel's parallel_* modules, under the op names they register
+    "module_classes.yaml": (
+        None,
+        [
+            ("ArgMaxWithValue", "parallel_argmax_with_value_ops", "ArgMaxWithValueDistributedOp", {}),
+            ("SliceExt", "parallel_slice_ext", "SliceExtDistributedOp", {}),
+            ("prod", "parallel_reduce", "ProdExtDistributedOp", {}),
+            ("ProdExt", "parallel_reduce", "ProdExtDistributedOp", {}),
+            ("all", "parallel_reduce", "AllExtDistributedOp", {}),
+            ("min", "parallel_reduce", "MinDistributedOp", {}),
+            ("Swiglu", "parallel_swiglu", "SwiGLUDistributedOp", {}),
+            ("CellBackwardHook", "parallel_cell_backward_hook", "CellBackwardHookDistributedOp", {}),
+            ("LessEqual", "parallel_elementwise", "LessEqualDistributedOp", {}),
         ],
     ),
 }  # fmt: skip

@@ -6,6 +6,7 @@ docs/custom_ops.md section 4's own example passes ``hyper-shard validate``."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -38,11 +39,12 @@ def test_directory_loads_and_maps_every_triple(hp_dir: Path) -> None:
     builtin = {e.name: e for e in load_all()}
     by_name = {e.name: e for e in entries}
     unsupported = hyper_parallel.unsupported_op_class()
-    for name, file, cls in triples():
-        target = hyper_parallel.NAME_TO_ENTRY.get(name, hyper_parallel.CLASS_TO_ENTRY[(file, cls)])
-        e = by_name[name]
+    for name, *_ in triples():
+        e = by_name[name]  # a name in several files (versions): its first file's entry
         if name in builtin and e.file == builtin[name].file:
             continue  # the name is a built-in entry's too: the built-in (same meaning) stays
+        file, cls = e.entry.distributed_op_file, e.entry.distributed_op_class
+        target = hyper_parallel.NAME_TO_ENTRY.get(name, hyper_parallel.CLASS_TO_ENTRY[(file, cls)])
         if target is None:
             assert type(e.op) is unsupported, (name, type(e.op))
         else:
@@ -83,6 +85,78 @@ def test_unsupported_class_raises_naming_it() -> None:
         ShardingError, match=r"Slice.*SliceDistributedOp \(parallel_slice\).*no hyper_shard rule"
     ):
         op.infer_layout(call)
+
+
+#: pairs of hyper-parallel modules this table does not know: a module it may add later,
+#: and a class added later to a module it maps
+_UNKNOWN = [
+    ("NpuFusedNewOp", "parallel_npu_fused_new", "NpuFusedNewDistributedOp"),
+    ("Cummin", "parallel_reduce", "CumminDistributedOp"),
+    ("histogramdd", "parallel_histogramdd", "HistogramddDistributedOp"),  # a torch function
+]
+
+
+def _write_unknown(d: Path) -> None:
+    import yaml
+
+    doc = {n: {"distributed_op_class": c, "distributed_op_file": f} for n, f, c in _UNKNOWN}
+    (d / "new_ops.yaml").write_text(yaml.safe_dump(doc))
+
+
+def _call(name: str):
+    from hyper_shard import DeviceMesh, Replicate
+    from hyper_shard.dispatch.op import OpCall
+    from hyper_shard.spec import DTensorSpec, TensorMeta
+
+    spec = DTensorSpec(
+        DeviceMesh.abstract((2,)), (Replicate(),), TensorMeta((4,), (1,), "float32", 4)
+    )
+    return OpCall(name, name, [spec], ["input"], {}, {}, False, False, (), {})
+
+
+def test_unknown_hyper_parallel_pair_loads_the_rest(tmp_path: Path) -> None:
+    """One class the table does not know, of a hyper-parallel module, never fails the
+    directory: the other entries load with their rules, and the unknown one raises when
+    called, naming the class and how to bind the op."""
+    write_dir(tmp_path)
+    _write_unknown(tmp_path)
+    entries = load_all([tmp_path])
+    reg = Registry(entries)
+    by_name = {e.name: e for e in entries}
+    assert {n for n, *_ in triples()} <= set(by_name)  # every other entry loaded
+    assert reg.names("mindspore")["TopkExt"].name == "TopkExt"
+    assert type(by_name["SliceExt"].op).__name__ == "IndexOp"  # mapped: slice_dim's rule
+    for name, file, cls in _UNKNOWN:
+        op = by_name[name].op
+        assert type(op) is hyper_parallel.unsupported_op_class(), name
+        with pytest.raises(ShardingError) as e:
+            op.infer_layout(_call(name))
+        msg = str(e.value)
+        assert f"{cls} ({file})" in msg and "does not map" in msg, msg
+        assert f"'{name}: {{rule:" in msg and "override: true" in msg, msg
+
+
+def test_user_modules_still_fail_at_load(tmp_path: Path, monkeypatch) -> None:
+    """A user's own module that is missing, or a user's own parallel_* module (importable)
+    without the class, fails at load naming the entry, as any user module."""
+    d1 = tmp_path / "missing"
+    d1.mkdir()
+    (d1 / "mine.yaml").write_text(
+        "my_op:\n  distributed_op_class: MyDistributedOp\n  distributed_op_file: my_ops\n"
+    )
+    with pytest.raises(OpSpecError, match=r"my_op.*module 'my_ops' not found"):
+        load_all([d1])
+    pkg = tmp_path / "py"
+    pkg.mkdir()
+    (pkg / "parallel_mine.py").write_text("class OtherDistributedOp:\n    pass\n")
+    monkeypatch.syspath_prepend(str(pkg))
+    d2 = tmp_path / "own"
+    d2.mkdir()
+    (d2 / "mine.yaml").write_text(
+        "Mine:\n  distributed_op_class: MineDistributedOp\n  distributed_op_file: parallel_mine\n"
+    )
+    with pytest.raises(OpSpecError, match=r"Mine.*has no class 'MineDistributedOp'"):
+        load_all([d2])
 
 
 def test_dunder_op_names_only_in_seed_entries(tmp_path: Path) -> None:
@@ -133,6 +207,19 @@ def run_hyper_parallel_ops(rank: int, world: int, yaml_dir: str) -> list[float]:
         # earlier binding): it runs whole on every rank, a Replicate result
         nz = torch.nonzero(d)
         errs.append(0.0 if torch.equal(nz.full_tensor(), torch.nonzero(x)) else 1.0)
+        # names of the other versions' entries (max, prod, all, gather: built-in entries)
+        errs += [
+            (torch.max(d, 1).values.full_tensor() - torch.max(x, 1).values).abs().max().item(),
+            (d.prod(0).full_tensor() - x.prod(0)).abs().max().item(),
+            float(not torch.equal(torch.all(d > 0, 1).full_tensor(), torch.all(x > 0, 1))),
+        ]
+        if len(yaml_dir.split(os.pathsep)) > 1:  # with an unknown hyper-parallel pair
+            try:
+                torch.histogramdd(d, bins=2)
+                errs.append(1.0)
+            except ShardingError as e:
+                ok = "HistogramddDistributedOp (parallel_histogramdd)" in str(e)
+                errs.append(0.0 if ok and "override: true" in str(e) else 1.0)
         return errs
     finally:
         if old is None:
@@ -143,9 +230,15 @@ def run_hyper_parallel_ops(rank: int, world: int, yaml_dir: str) -> list[float]:
 
 
 @pytest.mark.multiproc
-def test_hyper_parallel_ops_run(dist2, hp_dir: Path) -> None:
+def test_hyper_parallel_ops_run(dist2, hp_dir: Path, tmp_path: Path) -> None:
     for errs in dist2.run(run_hyper_parallel_ops, str(hp_dir)):
-        assert max(errs) < 1e-6, errs
+        assert len(errs) == 9 and max(errs) < 1e-5, errs
+    # with a directory naming a hyper-parallel class the table does not know: the other
+    # ops still run, and the unknown one raises the clear error on every rank
+    _write_unknown(tmp_path)
+    dirs = os.pathsep.join([str(hp_dir), str(tmp_path)])
+    for errs in dist2.run(run_hyper_parallel_ops, dirs):
+        assert len(errs) == 10 and max(errs) < 1e-5, errs
 
 
 def test_fixture_is_hyper_parallels_form() -> None:

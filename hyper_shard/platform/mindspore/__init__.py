@@ -402,6 +402,14 @@ class MindSporePlatform(Platform):
         Tensor.assign_value(dst, mint.mul(dst, other))
         return dst
 
+    def put_rows_(self, dst: Tensor, index: Tensor, rows: Tensor) -> Tensor:
+        # CPU: index-based in-place kernels are missing (InplaceIndexPut/IndexCopy) or
+        # leave an alias's storage unchanged; a whole copy_ (InplaceCopy) writes it
+        with ms._no_grad():
+            new = ops.tensor_scatter_update(dst, mint.reshape(index, (-1, 1)), rows)
+            dst.copy_(new)
+        return dst
+
     # ------------------------------------------------------------ collectives
     @staticmethod
     def _owned(t: Tensor) -> Tensor:

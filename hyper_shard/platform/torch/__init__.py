@@ -405,6 +405,10 @@ class TorchPlatform(Platform):
     def inplace_mul(self, dst: torch.Tensor, other: Any) -> torch.Tensor:
         return dst.mul_(other)
 
+    def put_rows_(self, dst: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), DisableTorchFunctionSubclass():
+            return dst.index_copy_(0, index, rows.to(dst.dtype))
+
     # ------------------------------------------------------------ collectives
     # gloo has no int16 kernels: such tensors travel as int32 (sums wrap the same way)
     def tracing(self) -> bool:

@@ -23,9 +23,13 @@ from torch._C import DisableTorchFunctionSubclass
 from torch.compiler import is_dynamo_compiling as _is_dynamo_compiling
 
 from ...dtensor import DTensor, local_derivative, redistribute_local
+from ...mesh import FOREIGN_CURRENT as _FOREIGN_CURRENT
 from ...placement import Partial, Replicate, grad_placement
 from ...spec import DTensorSpec, contiguous_stride, view_stride
 from . import dcp as _dcp
+from .grad_sync import WHOLE_GRAD, whole_replicate_grad
+
+_R = Replicate()
 
 __all__ = ["TorchDTensor", "wrap", "make_leaf", "PROTOCOL_HANDLERS"]
 
@@ -317,7 +321,10 @@ def _grad_get(args: Any, kwargs: dict) -> Any:
     if cache is not None and cache[0] is g and cache[1] == g._version:
         return cache[2]
     spec = self._spec
-    gspec = spec.with_placements([grad_placement(p) for p in spec.placements])
+    whole = self.__dict__.get(WHOLE_GRAD, ())  # a style's Replicate parameter (grad_sync.py)
+    gspec = spec.with_placements(
+        [_R if m in whole else grad_placement(p) for m, p in enumerate(spec.placements)]
+    )
     out = wrap(g, gspec)
     out.__dict__["_hs_grad_of"] = g  # `.grad.data = ...` must reach the real gradient
     self.__dict__["_grad_wrapper"] = (g, g._version, out)
@@ -338,6 +345,9 @@ def _grad_set(args: Any, kwargs: dict) -> None:
             value = local_derivative(
                 _plat(self), _local(value).detach(), vspec.placements, self._spec
             )
+            whole = self.__dict__.get(WHOLE_GRAD, ())
+            if whole:  # a whole gradient on those dims: sum the contributions
+                value = _all_reduce_dims(self._spec.mesh, value, whole)
         elif isinstance(value, torch.Tensor):
             raise TypeError(
                 "a DTensor's .grad must be a DTensor on the same mesh (or None); wrap the local "
@@ -346,6 +356,12 @@ def _grad_set(args: Any, kwargs: dict) -> None:
     with DisableTorchFunctionSubclass():
         T.grad.__set__(self, value)
     self.__dict__.pop("_grad_wrapper", None)
+
+
+def _all_reduce_dims(mesh: Any, t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    from ...kernels import all_reduce, groups_of
+
+    return all_reduce(mesh.platform, t, "sum", groups_of(mesh, dims))
 
 
 @_on(T.grad.__delete__)
@@ -637,6 +653,8 @@ def _deepcopy(args: Any, kwargs: dict) -> Any:
     out = make_leaf(local, self._spec, rg)
     if self.__dict__.get("_is_param"):
         out._is_param = True  # type: ignore[attr-defined]
+    if self.__dict__.get(WHOLE_GRAD):  # a copied model's style parameters stay whole
+        whole_replicate_grad(out)
     memo[id(self)] = out
     return out
 
@@ -777,3 +795,23 @@ from .state_dict_utils import install as _install_state_dict_utils  # noqa: E402
 _compiled.install()
 
 _install_state_dict_utils()  # full/offloaded DCP state dicts gather hyper_shard DTensors too
+
+from .vmap import install as _install_vmap  # noqa: E402
+
+_install_vmap()  # torch.vmap over DTensors runs on whole local samples (platform/torch/vmap.py)
+
+
+def _torch_entered_mesh() -> Any:
+    """The innermost ``torch.distributed`` DeviceMesh entered with ``with mesh:`` (PyTorch's
+    tests build their meshes so), as a hyper_shard mesh; None when none is entered."""
+    dm = sys.modules.get("torch.distributed.device_mesh")  # not imported: none entered
+    res = getattr(dm, "_mesh_resources", None)
+    stack = getattr(res, "mesh_stack", None)
+    if not stack:
+        return None
+    from ...mesh import as_mesh
+
+    return as_mesh(stack[-1], "with mesh:")  # converted by the torch platform (cached)
+
+
+_FOREIGN_CURRENT.append(_torch_entered_mesh)

@@ -86,6 +86,11 @@ class TorchModuleAdapter(ModuleAdapter):
         module.register_parameter(name, nn.Parameter(value, requires_grad=requires_grad))
         self.accept_full_state(module)
 
+    def whole_replicate_grad(self, param: Any) -> None:
+        from .grad_sync import whole_replicate_grad
+
+        whole_replicate_grad(param)
+
     def set_buffer(self, module: Any, name: str, value: Any) -> None:
         module._buffers[name] = value
         self.accept_full_state(module)
