@@ -1,6 +1,7 @@
 """Issue 28: a DTensor given to compiled MindSpore code (``mindspore.jit`` in its three
 capture modes, ``@jit`` on a Cell's ``construct``, ``ms.jit(cell)``, a Cell in
-``GRAPH_MODE``, a jit-compiled Cell holding a DTensor parameter) raises a clear error on
+``GRAPH_MODE``, a jit-compiled Cell holding a DTensor parameter, an optimizer whose
+update is not per element) raises a clear error on
 every rank, naming PyNative and the function, instead of running on the local shards
 (before: 56.0 on rank 0 and 184.0 on rank 1 for ``ops.sum(a * 2.0)`` of a ``Shard(0)``
 ``arange(16).reshape(4, 4)``). Afterwards PyNative gives plain MindSpore's value on the
@@ -69,6 +70,17 @@ def check_jit_refused(rank: int, world: int) -> dict:
         out["graph_mode"] = _err(lambda: Plain()(d))
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
+    # MindSpore's per-element optimizers step DTensor parameters compiled, on local shards
+    w = ms.Parameter(hs.distribute_tensor(Tensor(X), mesh, [hs.Shard(0)]), name="w_sgd")
+    sgd = nn.SGD([w], learning_rate=0.5)
+    ones = np.ones_like(X)
+    sgd((hs.distribute_tensor(Tensor(ones), mesh, [hs.Shard(0)]),))  # a DTensor gradient
+    sgd((Tensor(ones[2 * rank : 2 * rank + 2]),))  # a plain local one (optimizer_grads)
+    out["sgd"] = w.full_tensor().asnumpy()
+    bad = hs.distribute_tensor(Tensor(ones), mesh, [hs.Replicate()])
+    out["sgd_bad_grad"] = _err(lambda: sgd((bad,)))
+    w2 = ms.Parameter(hs.distribute_tensor(Tensor(X), mesh, [hs.Shard(0)]), name="w_lamb")
+    out["lamb"] = _err(lambda: nn.Lamb([w2], learning_rate=0.5)((Tensor(ones[:2]),)))
     # PyNative afterwards: the global value, as plain MindSpore on the full tensor
     r = _sum2(d)
     out["pynative"] = (type(r).__name__, float(r.full_tensor().asnumpy()))
@@ -103,6 +115,13 @@ def test_jit_on_dtensors_raises_on_every_rank_and_pynative_stays_right(ms2):
         assert "argument 0" in out["ast_kwarg"][1]  # jit binds keywords to positions
         assert "argument 0[0]" in out["ast_in_tuple"][1]
         assert "placements (S(0))" in out["ast"][1]
+        np.testing.assert_array_equal(out["sgd"], X - 1.0)  # two steps of 0.5 * 1
+        kind, msg = out["sgd_bad_grad"]
+        assert kind == "CompiledDTensorError" and "optimizer_grads" in msg, msg
+        assert "placements (R)" in msg and "w_sgd" in msg, msg
+        kind, msg = out["lamb"]
+        assert kind == "CompiledDTensorError" and "Lamb.construct" in msg, msg
+        assert "per-element optimizers" in msg and "SGD" in msg, msg
         want = float((X.astype(np.float64) * 2.0).sum())  # 240.0
         assert out["pynative"] == ("MindSporeDTensor", want), (rank, out["pynative"])
         assert out["plain"] == want

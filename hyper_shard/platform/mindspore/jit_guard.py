@@ -15,6 +15,15 @@ inside a tuple, list or dict), or a parameter of a Cell the compiled function be
 or receives. The entries (replaced by :mod:`.hooks`): ``capture_mode="ast"`` (the
 default; ``ms.jit(f)``, ``@jit`` on ``construct``, ``ms.jit(cell)``),
 ``capture_mode="bytecode"``, ``capture_mode="trace"`` and ``GRAPH_MODE`` Cells.
+
+One exception: MindSpore's optimizers compile their ``construct`` (``@jit``), and those
+whose update of an element reads only that element of the parameter, its gradient and
+its state (:data:`PER_ELEMENT`: ``nn.SGD``, ``nn.Adam``...) are exact on the local
+shards, which is how they step DTensor parameters (docs/mindspore.md, "Parameters and
+optimizers"). They run, provided each DTensor gradient has its parameter's placements
+(else the error names ``optimizer_grads``). ``nn.LARS``/``nn.Lamb`` (whole-parameter
+norms), ``nn.LazyAdam``/``Adam(use_lazy=True)`` (row indices) and a subclass overriding
+``construct`` are refused.
 """
 
 from __future__ import annotations
@@ -29,7 +38,16 @@ from mindspore import Tensor, nn
 from ...dtensor import DTensor
 from ...errors import HyperShardError
 
-__all__ = ["CompiledDTensorError", "find_dtensor", "refuse"]
+__all__ = ["CompiledDTensorError", "find_dtensor", "refuse", "PER_ELEMENT"]
+
+#: MindSpore optimizers (``mindspore.nn``) whose update is per element: exact when run
+#: compiled on the local shards of parameters and gradients with the same placements
+PER_ELEMENT = frozenset(
+    {
+        "SGD", "Momentum", "Adam", "AdamWeightDecay", "AdamOffload", "AdaMax", "Adagrad",
+        "Adadelta", "ASGD", "FTRL", "ProximalAdagrad", "RMSProp", "Rprop",
+    }
+)  # fmt: skip
 
 
 class CompiledDTensorError(HyperShardError, NotImplementedError):
@@ -110,6 +128,40 @@ def _first(args: tuple, kwargs: dict) -> Any:
     return None
 
 
+def _per_element(opt: Any) -> bool:
+    """``opt`` is a :data:`PER_ELEMENT` optimizer (a subclass that keeps its construct)."""
+    if getattr(opt, "use_lazy", False):
+        return False
+    for cls in type(opt).__mro__:
+        if cls.__module__.startswith("mindspore.nn.optim.") and cls.__name__ in PER_ELEMENT:
+            return bool(type(opt).construct is cls.construct)
+    return False
+
+
+def _check_gradients(opt: Any, rest: tuple, kwargs: dict) -> None:
+    grads = rest[0] if rest else (kwargs or {}).get("gradients", ())
+    params = tuple(getattr(opt, "_parameters", ()) or ())
+    for i, (p, g) in enumerate(zip(params, grads if isinstance(grads, (tuple, list)) else ())):
+        if not isinstance(g, DTensor):
+            continue
+        if (
+            isinstance(p, DTensor)
+            and g.placements == p.placements
+            and g.device_mesh == p.device_mesh
+        ):
+            continue
+        want = (
+            f"({', '.join(map(str, p.placements))})" if isinstance(p, DTensor) else "a plain tensor"
+        )
+        raise CompiledDTensorError(
+            f"{type(opt).__name__}: gradient {i} (for parameter {getattr(p, 'name', i)!r}) is a "
+            f"DTensor with placements ({', '.join(map(str, g.placements))}) but the parameter "
+            f"is {want}: the optimizer steps each rank's local shard, which would read a "
+            f"gradient of another layout (an unreduced Partial one, or another shard); pass "
+            f"hyper_shard.platform.mindspore.autograd.optimizer_grads(grads, opt.parameters)"
+        )
+
+
 def refuse(entry: str, fn: Any, args: tuple, kwargs: dict) -> None:
     """Raise :class:`CompiledDTensorError` if a DTensor is among ``args``/``kwargs`` of
     compiled function ``fn`` (entry: how it was compiled); return otherwise.
@@ -118,6 +170,10 @@ def refuse(entry: str, fn: Any, args: tuple, kwargs: dict) -> None:
         CompiledDTensorError: names the entry, the function, where the DTensor is, its
             layout, and the fix (PyNative).
     """
+    opt = args[0] if args and isinstance(args[0], nn.Optimizer) else None
+    if opt is not None and _per_element(opt):
+        _check_gradients(opt, args[1:], kwargs)
+        return
     where = find_dtensor(args, kwargs)
     if where is None:
         return
@@ -128,10 +184,16 @@ def refuse(entry: str, fn: Any, args: tuple, kwargs: dict) -> None:
         if entry == "GRAPH_MODE"
         else "call it without mindspore.jit (remove @jit from it, or from the Cell's construct)"
     )
+    why = ""
+    if opt is not None:
+        why = (
+            f" ({type(opt).__name__} is not one of MindSpore's per-element optimizers, which "
+            f"step DTensor parameters on their local shards: {', '.join(sorted(PER_ELEMENT))})"
+        )
     raise CompiledDTensorError(
         f"{entry}: the compiled function {_name(fn)} received a DTensor ({where}{layout}). "
         f"Compiled MindSpore code runs on each rank's local shard and would return a wrong "
-        f"value; hyper_shard runs DTensors in PyNative mode only: {fix}, or pass "
+        f"value{why}; hyper_shard runs DTensors in PyNative mode only: {fix}, or pass "
         f"dt.to_local() if a per-rank computation on the local shard is meant"
     )
 
