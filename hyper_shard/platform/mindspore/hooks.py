@@ -38,6 +38,7 @@ original: :func:`install` warns with every such ``module.name``
 
 from __future__ import annotations
 
+import importlib
 import sys
 import threading
 import warnings
@@ -46,17 +47,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import mindspore as ms
-import mindspore.graph._utils.pijit_context as _pijit
-import mindspore.graph.api as _api
-import mindspore.graph.jit_trace as _trace
-import mindspore.ops.primitive as _primitive
-from mindspore._c_expression import NoFallbackGuard
-from mindspore.common._register_for_tensor import tensor_operator_registry
-from mindspore.communication._comm_helper import _is_initialized
-from mindspore.communication.management import _init_with_store
 
 from ...errors import HyperShardError
-from . import jit_guard
 
 __all__ = [
     "install",
@@ -81,18 +73,6 @@ __all__ = [
 #: MindSpore versions (major.minor) the hooks were checked on
 KNOWN_GOOD = ("2.10",)
 
-#: MindSpore's PyNative executor (``grad_flag()``: gradients being recorded)
-pynative_executor = _api._pynative_executor
-#: ``mindspore._Function`` (a custom-gradient function) and ``mindspore._no_grad``
-Function = ms._Function
-no_grad = ms._no_grad
-init_with_store = _init_with_store
-
-
-def comm_initialized() -> bool:
-    """True once MindSpore's communication is initialised (``init()`` or the store init)."""
-    return bool(_is_initialized())
-
 
 class MindSporeHookError(HyperShardError):
     """A MindSpore symbol the hooks replace or read is missing (another MindSpore version)."""
@@ -104,6 +84,60 @@ class MindSporeVersionWarning(UserWarning):
 
 class CapturedEarlyWarning(UserWarning):
     """Names imported from MindSpore before the hooks were installed keep the originals."""
+
+
+def _missing(what: list[str]) -> MindSporeHookError:
+    return MindSporeHookError(
+        f"hyper_shard cannot hook MindSpore {ms.__version__}: missing "
+        + "; ".join(what)
+        + f". hyper_shard's MindSpore adapter is checked on MindSpore "
+        f"{', '.join(v + '.x' for v in KNOWN_GOOD)}: install one of those (pip install "
+        f"'mindspore=={KNOWN_GOOD[-1]}.*') or adapt hyper_shard/platform/mindspore/hooks.py"
+    )
+
+
+_ABSENT: list[str] = []
+
+
+def _need(module: str, attr: str | None, why: str) -> Any:
+    """``module.attr`` (the module if ``attr`` is None); a missing one is collected in
+    ``_ABSENT``, reported all at once below."""
+    try:
+        mod = importlib.import_module(module)
+        return mod if attr is None else getattr(mod, attr)
+    except (ImportError, AttributeError):
+        _ABSENT.append(f"{module}{'.' + attr if attr else ''} ({why})")
+        return None
+
+
+_primitive = _need("mindspore.ops.primitive", None, "legacy Primitive calls")
+_api = _need("mindspore.graph.api", None, "the jit executors")
+_pijit = _need("mindspore.graph._utils.pijit_context", None, "jit(capture_mode='bytecode')")
+_trace = _need("mindspore.graph.jit_trace", None, "jit(capture_mode='trace')")
+#: the guard under which a local op runs on DTensor data without ``__fallback__`` (per thread)
+NoFallbackGuard = _need("mindspore._c_expression", "NoFallbackGuard", "running local ops")
+tensor_operator_registry = _need(
+    "mindspore.common._register_for_tensor", "tensor_operator_registry", "Tensor methods"
+)
+_is_initialized = _need("mindspore.communication._comm_helper", "_is_initialized", "comm")
+#: ``mindspore.communication.management._init_with_store`` (spawned ranks' mccl init)
+init_with_store = _need(
+    "mindspore.communication.management", "_init_with_store", "the store-based mccl init"
+)
+#: MindSpore's PyNative executor (``grad_flag()``: gradients being recorded)
+pynative_executor = _need("mindspore.graph.api", "_pynative_executor", "grad_flag")
+#: ``mindspore._Function`` (a custom-gradient function) and ``mindspore._no_grad``
+Function = _need("mindspore", "_Function", "custom-gradient functions")
+no_grad = _need("mindspore", "_no_grad", "no_grad")
+if _ABSENT:
+    raise _missing(_ABSENT)
+
+from . import jit_guard  # noqa: E402  (after the check: it imports mindspore.nn)
+
+
+def comm_initialized() -> bool:
+    """True once MindSpore's communication is initialised (``init()`` or the store init)."""
+    return bool(_is_initialized())
 
 
 @dataclass(frozen=True)
@@ -189,13 +223,7 @@ def _self_check() -> None:
     if wrap is None or "_jit_trace_begin" not in wrap.co_names or "fn" not in wrap.co_freevars:
         missing.append("jit_trace._jit_trace(...) calling _jit_trace_begin from `fn`'s wrapper")
     if missing:
-        raise MindSporeHookError(
-            f"hyper_shard cannot hook MindSpore {ms.__version__}: missing "
-            + "; ".join(missing)
-            + f". hyper_shard's MindSpore adapter is checked on MindSpore "
-            f"{', '.join(v + '.x' for v in KNOWN_GOOD)}: install one of those (pip install "
-            f"'mindspore=={KNOWN_GOOD[-1]}.*') or adapt hyper_shard/platform/mindspore/hooks.py"
-        )
+        raise _missing(missing)
 
 
 def _check_version() -> bool:

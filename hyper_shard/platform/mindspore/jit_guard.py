@@ -134,7 +134,7 @@ def _per_element(opt: Any) -> bool:
         return False
     for cls in type(opt).__mro__:
         if cls.__module__.startswith("mindspore.nn.optim.") and cls.__name__ in PER_ELEMENT:
-            return bool(type(opt).construct is cls.construct)
+            return getattr(type(opt), "construct", None) is getattr(cls, "construct", 0)
     return False
 
 
