@@ -1,11 +1,11 @@
 """Issue 28: a DTensor given to compiled MindSpore code (``mindspore.jit`` in its three
 capture modes, ``@jit`` on a Cell's ``construct``, ``ms.jit(cell)``, a Cell in
-``GRAPH_MODE``, a jit-compiled Cell holding a DTensor parameter, an optimizer whose
-update is not per element) raises a clear error on
-every rank, naming PyNative and the function, instead of running on the local shards
-(before: 56.0 on rank 0 and 184.0 on rank 1 for ``ops.sum(a * 2.0)`` of a ``Shard(0)``
-``arange(16).reshape(4, 4)``). Afterwards PyNative gives plain MindSpore's value on the
-global tensor, and jit on plain tensors still compiles."""
+``GRAPH_MODE``, a jit-compiled Cell holding a DTensor parameter, an optimizer whose update
+is not per element) raises a clear error on every rank, naming PyNative and the function,
+instead of running on the local shards (before: 56.0 on rank 0 and 184.0 on rank 1 for
+``ops.sum(a * 2.0)`` of a ``Shard(0)`` ``arange(16).reshape(4, 4)``). Afterwards PyNative
+gives plain MindSpore's value on the global tensor, jit on plain tensors still compiles,
+and ``nn.SGD`` still steps DTensor parameters compiled on their local shards."""
 
 from __future__ import annotations
 

@@ -39,6 +39,7 @@ original: :func:`install` warns with every such ``module.name``
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 import threading
 import warnings
@@ -175,6 +176,7 @@ class HookReport:
         return "\n".join(lines)
 
 
+_LOG = logging.getLogger(__name__)
 _LOCK = threading.RLock()
 _SITES: list[_Site] = []
 _STATE = {"installed": False, "rebind_captured": False}
@@ -322,7 +324,8 @@ def install(*, rebind_captured: bool | None = None) -> HookReport:
     with _LOCK:
         if rebind_captured is not None:
             _STATE["rebind_captured"] = rebind_captured
-        if not _STATE["installed"]:
+        first = not _STATE["installed"]
+        if first:
             _check_version()
             _self_check()
             _install_run_op()
@@ -332,7 +335,10 @@ def install(*, rebind_captured: bool | None = None) -> HookReport:
 
         # functions bound before an uninstall; with rebind_captured, every bound one again
         functions.reapply(rescan=bool(rebind_captured))
-        return report()
+        rep = report()
+        if first:
+            _LOG.debug("%s", rep)
+        return rep
 
 
 def uninstall() -> int:
