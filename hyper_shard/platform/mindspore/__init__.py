@@ -33,15 +33,16 @@ from typing import Any
 import mindspore as ms
 import mindspore.mint.distributed as dist
 from mindspore import Parameter, Tensor, mint, ops
-from mindspore._c_expression import NoFallbackGuard
 from mindspore.communication import GlobalComm
-from mindspore.graph.api import _pynative_executor as _executor
 
 from ...flight import collective, guarded
 from ...parallel._adapter import register_adapter
 from ...redistribute.cost import COLLECTIVES
 from ...spec import TensorMeta, contiguous_stride
 from ..base import GroupRanks, Platform
+from . import hooks
+from .hooks import NoFallbackGuard
+from .hooks import pynative_executor as _executor
 from .timeouts import check_group_timeout, collective_timeout, set_collective_timeout
 
 __all__ = ["MindSporePlatform", "MSGroup", "CPU_COLLECTIVES", "ms_local"]
@@ -628,21 +629,14 @@ def _exchange(send: Tensor, dst: int, recv: Tensor, src: int, group: str | None)
     inc.wait()
 
 
-def _comm_initialized() -> bool:
-    from mindspore.communication._comm_helper import _is_initialized
-
-    return bool(_is_initialized())
+_comm_initialized = hooks.comm_initialized
 
 
 def _patch_world_defaults() -> None:
     """``mint.distributed``'s object/point-to-point helpers look up ranks in the group
     ``"hccl_world_group"`` by default, which does not exist on CPU: point them at the real
-    world group."""
-    import mindspore.mint.distributed.distributed as D
-
-    world = GlobalComm.WORLD_COMM_GROUP
-    D.get_cache_group_rank.__defaults__ = (world,)
-    D.get_cache_group_size.__defaults__ = (world,)
+    world group (:func:`.hooks.set_world_group_defaults`, undone by ``hooks.uninstall()``)."""
+    hooks.set_world_group_defaults(GlobalComm.WORLD_COMM_GROUP)
 
 
 def _module_adapter() -> Any:
@@ -656,3 +650,5 @@ register_adapter(_module_adapter)  # parallelize_module on mindspore.nn.Cell
 from .autograd import grad, optimizer_grads, value_and_grad  # noqa: E402  (needs the above)
 
 __all__ += ["value_and_grad", "grad", "optimizer_grads"]
+
+hooks.install()  # version gate, self-check, the run_op and jit hooks (see hooks.py)

@@ -24,16 +24,17 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from typing import Any
 
 from mindspore import Parameter, Tensor, ops
-from mindspore._c_expression import NoFallbackGuard
 
 from ...dispatch.dispatcher import Dispatcher
 from ...dispatch.op import BoundOp, Decision, fmt_placements
 from ...errors import HyperShardError
 from ...registry.platforms import resolve_all
 from ...registry.registry import RELOAD_HOOKS, Registry, get_registry
+from .hooks import NoFallbackGuard
 
 __all__ = [
     "ms_dispatch",
@@ -272,11 +273,14 @@ def build_ms_table(reg: Registry) -> dict[str, BoundOp]:
 
 
 def bind() -> None:
-    """Build the binding table now (and wrap the bound Python-level functions), so the
-    first call of a bound function on a DTensor already dispatches as one op; hook the
-    legacy Primitive calls with DTensors inside tuple arguments."""
+    """Install the MindSpore hooks (:func:`.hooks.install`: legacy Primitive calls with
+    DTensors inside tuple arguments, the jit refusal) if they are not, and build the
+    binding table now (which wraps the bound Python-level functions), so the first call of
+    a bound function on a DTensor already dispatches as one op."""
+    from . import hooks
+
+    hooks.install()
     _lookup(getitem_call)
-    install_nested_hook()
 
 
 _TABLE: dict[str, BoundOp] = {}  # Primitive name -> BoundOp; one dict, refilled on reload
@@ -387,58 +391,36 @@ def _run_on_aliases(fn: Any, args: tuple, kwargs: dict) -> Any:
     ``input.shape``) ever sees a DTensor and its global shape.
 
     When every DTensor is a top-level argument (the common call; a tuple or list of
-    scalars, such as a shape, is fine) no DTensor reaches MindSpore and no
-    ``NoFallbackGuard`` is needed: while ``fn`` runs, each DTensor argument's class is
-    ``Tensor`` (it *is* its local tensor; its class is set back when ``fn`` returns or
-    raises). That is the cheapest plain view of it: a ``Tensor._make_subclass`` alias
-    costs ~6k CPU instructions (MindSpore looks ``__ms_dispatch__`` up on the class and
-    formats the AttributeError), a class swap a few hundred. Another Python thread would
-    see the swapped class, so with more than one thread the arguments are aliases instead.
-    Otherwise (a list of DTensors, a Parameter DTensor, which stays itself) the local op
-    runs on aliases under the guard, and a DTensor's own methods called inside it are the
-    local ones."""
-    if not kwargs and len(_THREADS) == 1:  # unrolled: one to three arguments, the first a DTensor
+    scalars, such as a shape, is fine) each is replaced by a plain alias
+    (``Tensor._make_subclass``: same storage, autograd kept), so no DTensor reaches
+    MindSpore and no ``NoFallbackGuard`` is needed. The DTensors themselves are never
+    changed: another thread using them meanwhile sees DTensors (docs/mindspore.md,
+    "Threads"). Otherwise (a list of DTensors, a Parameter DTensor, which stays itself)
+    the local op runs on aliases under the guard, and a DTensor's own methods called
+    inside it are the local ones."""
+    if not kwargs:  # unrolled: one to three arguments, the first a DTensor
         n = len(args)
         if n == 2:
             a, b = args
             if type(a) is _DT:
                 tb = type(b)
                 if tb is _DT:
-                    a.__class__ = b.__class__ = Tensor
-                    try:
-                        return fn(a, b)
-                    finally:
-                        a.__class__ = b.__class__ = _DT
+                    return fn(_alias(Tensor, a), _alias(Tensor, b))
                 if tb is Tensor or tb in _SCALARS or (tb is tuple and _all_scalars(b)):
-                    a.__class__ = Tensor
-                    try:
-                        return fn(a, b)
-                    finally:
-                        a.__class__ = _DT
+                    return fn(_alias(Tensor, a), b)
         elif n == 1:
             a = args[0]
             if type(a) is _DT:
-                a.__class__ = Tensor
-                try:
-                    return fn(a)
-                finally:
-                    a.__class__ = _DT
+                return fn(_alias(Tensor, a))
         elif n == 3:
             a, b, c = args
             if type(a) is _DT and type(b) is _DT and type(c) is _DT:
-                a.__class__ = b.__class__ = c.__class__ = Tensor
-                try:
-                    return fn(a, b, c)
-                finally:
-                    a.__class__ = b.__class__ = c.__class__ = _DT
-    dts: list | None = None  # the top-level DTensor arguments
+                return fn(_alias(Tensor, a), _alias(Tensor, b), _alias(Tensor, c))
+    dts = False  # a top-level DTensor argument
     for a in args:
         t = type(a)
         if t is _DT:
-            if dts is None:
-                dts = [a]
-            else:
-                dts.append(a)
+            dts = True
         elif t is Tensor or t in _SCALARS:
             pass
         elif t is tuple or t is list:
@@ -458,17 +440,8 @@ def _run_on_aliases(fn: Any, args: tuple, kwargs: dict) -> Any:
                     simple = False
                     break
         if simple:
-            if dts is None:
+            if not dts:
                 return fn(*args, **kwargs)
-            if len(_THREADS) == 1:
-                try:
-                    for a in dts:
-                        a.__class__ = Tensor
-                    return fn(*args, **kwargs)
-                finally:
-                    for a in dts:
-                        a.__class__ = _DT
-            # another thread could see a swapped class: aliases
             return fn(*[_alias(Tensor, a) if type(a) is _DT else a for a in args], **kwargs)
     plain = [_plain(a) for a in args]
     kw = {k: _plain(v) for k, v in kwargs.items()} if kwargs else {}
@@ -491,18 +464,26 @@ def _all_scalars(seq: tuple) -> bool:
     return True
 
 
-#: the threading module's live threads (one dict, updated in place, also after a fork)
-_THREADS = threading._active  # type: ignore[attr-defined]
-
-
 def _fresh_refs() -> int:
-    o = object()
-    return sys.getrefcount(o)
+    """What ``sys.getrefcount`` reports for an object only a local variable holds, as
+    :func:`_run_wrap` reads it; -1 (never matched: every result is wrapped as an alias)
+    where the count cannot tell, i.e. when an object also held elsewhere is not counted
+    exactly one more (an interpreter that borrows or defers references) or the GIL is
+    disabled (a free-threaded build: another thread may take a reference at any time)."""
+    out = object()
+    fresh = _getrefcount(out)
+    held = object()
+    keep = [held]
+    also = _getrefcount(held)
+    del keep
+    gil = getattr(sys, "_is_gil_enabled", lambda: True)()
+    return fresh if also == fresh + 1 and gil else -1
 
 
-#: what ``sys.getrefcount`` reports for an object only a local variable holds
-_FRESH = _fresh_refs()
 _getrefcount = sys.getrefcount
+_weakrefs = weakref.getweakrefcount
+#: see :func:`_fresh_refs`
+_FRESH = _fresh_refs()
 
 
 def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
@@ -511,10 +492,13 @@ def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
     (``__getitem__``/``__setitem__``) run through :func:`_run_local`, which watches writes
     into the first argument.
 
-    A result nothing else holds (the local op made it) *becomes* the DTensor: its class is
-    set to the DTensor class, with no second object (``Tensor._make_subclass`` costs about
-    as much as the whole dispatch); a result something else holds (an op that returned
-    one of its inputs) is wrapped as an alias."""
+    A result nothing else can reach *becomes* the DTensor: its class is set to the DTensor
+    class, with no second object (``Tensor._make_subclass`` costs ~6.5k instructions, a
+    third of hyper_shard's own cost on a cached call). Nothing else can reach it when its
+    only reference is this frame's and it has no weak reference: under the GIL no other
+    thread can then see the change (:func:`_fresh_refs` checks at import that the count
+    can tell). A result something else holds (an op that returned one of its inputs, a
+    cached tensor) is wrapped as an alias and keeps its own class."""
     tf = type(fn)
     if dec.impl is not None or tf is _Pseudo:
         out = _run_local(fn, args, kwargs)
@@ -532,7 +516,7 @@ def _run_wrap(fn: Any, args: tuple, kwargs: dict, dec: Decision) -> Any:
         else:
             spec = dec.out_spec(0, dtype, out.itemsize)
             dec.out0 = (dtype, spec)
-        if _getrefcount(out) == _FRESH:
+        if _getrefcount(out) == _FRESH and not _weakrefs(out):
             out.__class__ = _DT
             out._spec = spec
             return out
@@ -599,7 +583,7 @@ class _NestedLegacyCall:
         return _ORIG_RUN_OP[0](prim, name, inputs)
 
 
-#: MindSpore's ``mindspore.ops.primitive._run_op`` (None until :func:`install_nested_hook`)
+#: MindSpore's ``mindspore.ops.primitive._run_op`` (set by :func:`.hooks.install`)
 _ORIG_RUN_OP: list[Any] = [None]
 
 
@@ -608,7 +592,8 @@ def _run_op_hooked(obj: Any, op_name: str, args: Any) -> Any:
     dispatched: MindSpore's C++ hands a Primitive call to ``__fallback__`` only when a
     DTensor is a top-level argument, so a legacy Primitive given a tuple of DTensors
     (``Stack``, ``AddN``) would otherwise run on their local shards and return a plain
-    tensor of local data. Plain calls pay one scan of the arguments."""
+    tensor of local data. Plain calls pay one scan of the arguments. :mod:`.hooks` puts
+    it in place of ``_run_op`` in every ``mindspore*`` module that holds it."""
     for a in args:
         t = type(a)
         if (t is tuple or t is list) and a:
@@ -618,22 +603,6 @@ def _run_op_hooked(obj: Any, op_name: str, args: Any) -> Any:
                         break
                     return ms_dispatch(_NestedLegacyCall(op_name), (obj, op_name, tuple(args)), {})
     return _ORIG_RUN_OP[0](obj, op_name, args)
-
-
-def install_nested_hook() -> None:
-    """Route legacy Primitive calls with DTensors inside tuple/list arguments through the
-    dispatcher (idempotent): replaces ``_run_op`` in ``mindspore.ops.primitive`` and in
-    every loaded ``mindspore`` module that imported it."""
-    import mindspore.ops.primitive as primitive
-
-    if _ORIG_RUN_OP[0] is not None:
-        return
-    orig = primitive._run_op
-    _ORIG_RUN_OP[0] = orig
-    for mod_name, mod in list(sys.modules.items()):
-        if mod is not None and mod_name.startswith("mindspore"):
-            if getattr(mod, "__dict__", {}).get("_run_op") is orig:
-                mod._run_op = _run_op_hooked  # type: ignore[attr-defined]
 
 
 def raise_kernel_error(e: RuntimeError, func: Any, args: tuple) -> None:
@@ -659,4 +628,11 @@ def raise_kernel_error(e: RuntimeError, func: Any, args: tuple) -> None:
 
 
 _Pseudo = _PseudoPrimitive
-_DT: Any = None  # MindSporeDTensor, set when the table is built (dtensor imports this module)
+_DT: Any = None  # MindSporeDTensor (dtensor imports this module, then sets it)
+
+
+def set_dtensor_type(cls: type) -> None:
+    """Called by :mod:`.dtensor` once MindSporeDTensor exists: the hooks recognise
+    DTensors from then on, before any table is built."""
+    global _DT
+    _DT = cls

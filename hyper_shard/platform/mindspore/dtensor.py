@@ -29,11 +29,11 @@ import math
 from typing import Any
 
 from mindspore import Parameter, Tensor, mint
-from mindspore._c_expression import NoFallbackGuard
 
 from ...dtensor import DTensor, _format
 from ...spec import DTensorSpec
-from .dispatch import getitem_call, ms_dispatch, setitem_call, tensor_method
+from .dispatch import getitem_call, ms_dispatch, set_dtensor_type, setitem_call, tensor_method
+from .hooks import NoFallbackGuard
 
 __all__ = ["MindSporeDTensor", "wrap", "make_leaf"]
 
@@ -169,6 +169,9 @@ class MindSporeDTensor(DTensor, Tensor):  # type: ignore[misc]
             out = Parameter(out, name=self.name, requires_grad=self.requires_grad)
         memo[id(self)] = out
         return out
+
+
+set_dtensor_type(MindSporeDTensor)
 
 
 def wrap(local: Tensor, spec: DTensorSpec) -> MindSporeDTensor:

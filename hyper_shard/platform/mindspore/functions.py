@@ -8,28 +8,30 @@ has ``__torch_function__`` for this; MindSpore has nothing, so hyper_shard adds 
 functions the op specs name:
 
 * a ``mindspore:`` name with a module path (``mindspore.ops.cross_entropy``) binds that
-  function. When the registry is bound, every loaded ``mindspore*`` module attribute that
-  *is* the function (``mindspore.ops.cross_entropy`` is also
+  function. When the registry is bound, :func:`hyper_shard.platform.mindspore.hooks.
+  wrap_functions` replaces every loaded ``mindspore*`` module attribute that *is* the
+  function (``mindspore.ops.cross_entropy`` is also
   ``mindspore.ops.function.nn_func.cross_entropy`` and ``mindspore.ops.functional...``)
-  is replaced by a thin wrapper, as are the attribute of the function's own module and
+  by a thin wrapper, as it does the attribute of the function's own module and
   MindSpore's ``tensor_operator_registry`` entries that are the function (the Python
-  ``Tensor`` methods call those: ``Tensor.diff`` is the registry's ``diff``);
+  ``Tensor`` methods call those: ``Tensor.diff`` is the registry's ``diff``); every
+  replaced site is recorded there and put back by ``hooks.uninstall()``;
 * the wrapper passes plain calls straight to the original function (one scan of the
   arguments, and of a tuple or list argument's items, for a DTensor, well under a
   microsecond); a call with a DTensor argument (or a DTensor inside one) is
   dispatched as one op named by the dotted name, whose local op is the original function
   run on the local tensors.
 
-Code that captured the original function object before hyper_shard was imported (``from
+Code that captured the original function object before hyper_shard bound it (``from
 mindspore.ops import cross_entropy`` at import time) keeps calling the original, which
-decomposes into Primitives as before.
+decomposes into Primitives as before: the hooks name every such ``module.name`` in a
+warning, or rebind them with ``hooks.install(rebind_captured=True)``.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -38,12 +40,14 @@ from mindspore import Tensor
 from . import dispatch as _dispatch_mod
 from .dispatch import _ANY_LOCAL, _LOCAL, _SCALARS, _TABLE, BoundFunction, raise_kernel_error
 
-__all__ = ["resolve", "install", "bound_functions"]
+__all__ = ["resolve", "install", "bound_functions", "reapply", "forget_applied"]
 
 #: dotted name -> the original function (never a wrapper)
 _ORIGINALS: dict[str, Callable] = {}
-#: dotted name -> the wrapper installed for it
+#: dotted name -> its wrapper (made once, reused after an uninstall)
 _WRAPPERS: dict[str, Callable] = {}
+#: the names whose wrapper the hooks have put in place (cleared by ``hooks.uninstall()``)
+_APPLIED: set[str] = set()
 
 
 def resolve(name: str) -> Callable | None:
@@ -119,46 +123,36 @@ def _make_wrapper(name: str, orig: Callable, dt_type: type) -> Callable:
 
 
 def install(names: Iterable[str], dt_type: type) -> None:
-    """Wrap every function in ``names`` (idempotent; see the module docstring).
+    """Wrap every function in ``names`` (idempotent; see the module docstring): the
+    sites are replaced by :func:`hyper_shard.platform.mindspore.hooks.wrap_functions`
+    (nothing while the hooks are uninstalled; :func:`reapply` then does it).
 
     Raises:
         ValueError: a name that does not resolve to a function.
     """
-    pending: dict[int, tuple[Callable, Callable]] = {}
-    own: list[tuple[str, Callable]] = []
     for name in names:
         if name in _WRAPPERS:
             continue
         orig = resolve(name)
         if orig is None:
             raise ValueError(f"{name!r} is not an importable function")
-        wrapper = _make_wrapper(name, orig, dt_type)
         _ORIGINALS[name] = orig
-        _WRAPPERS[name] = wrapper
-        pending[id(orig)] = (orig, wrapper)
-        own.append((name, wrapper))
-    if not pending:
-        return
-    for mod_name, mod in list(sys.modules.items()):
-        if mod is None or not mod_name.startswith("mindspore"):
-            continue
-        d = getattr(mod, "__dict__", None)
-        if not d:
-            continue
-        for attr, value in list(d.items()):
-            hit = pending.get(id(value))
-            if hit is not None and hit[0] is value:
-                setattr(mod, attr, hit[1])
-    # Tensor methods written in Python look functions up in MindSpore's
-    # tensor_operator_registry (Tensor.diff calls the registry's 'diff'): its entries too
-    reg_mod = sys.modules.get("mindspore.common._register_for_tensor")
-    registry = getattr(reg_mod, "tensor_operator_registry", None)
-    for attr, value in list(getattr(registry, "__dict__", {}).items()):
-        hit = pending.get(id(value))
-        if hit is not None and hit[0] is value:
-            setattr(registry, attr, hit[1])
-    for name, wrapper in own:  # the function's own module (hyper_shard's functions too)
-        mod_name, _, attr = name.rpartition(".")
-        owner = sys.modules.get(mod_name)
-        if owner is not None:
-            setattr(owner, attr, wrapper)
+        _WRAPPERS[name] = _make_wrapper(name, orig, dt_type)
+    reapply()
+
+
+def reapply(rescan: bool = False) -> None:
+    """Put the wrapper of every bound function not in place (after an uninstall, or the
+    first binding) where its original is; ``rescan``: of every bound function (modules
+    that imported an original since, names to rebind)."""
+    from . import hooks
+
+    todo = [(n, _ORIGINALS[n], w) for n, w in _WRAPPERS.items() if rescan or n not in _APPLIED]
+    if todo and hooks.installed():
+        hooks.wrap_functions(todo)
+        _APPLIED.update(n for n, _, _ in todo)
+
+
+def forget_applied() -> None:
+    """The hooks were uninstalled: no wrapper is in place any more."""
+    _APPLIED.clear()

@@ -78,8 +78,9 @@ def init_process(
     if seed is not None:
         ms.set_seed(seed)
     if world > 1:
-        from mindspore.communication.management import _init_with_store
         from mindspore.mint.distributed import TCPStore
+
+        from .hooks import init_with_store
 
         td = timedelta(seconds=timeout)
         store = TCPStore("127.0.0.1", port, world_size=world, is_master=rank == 0, timeout=td)
@@ -87,7 +88,7 @@ def init_process(
         from .timeouts import set_collective_timeout
 
         set_collective_timeout(device, collective_timeout)
-        _init_with_store(backend="mccl", timeout=td, world_size=world, rank=rank, store=store)
+        init_with_store(backend="mccl", timeout=td, world_size=world, rank=rank, store=store)
         from . import _patch_world_defaults
 
         _patch_world_defaults()
@@ -124,9 +125,10 @@ def barrier() -> None:
     supported`` on every rank (the barrier itself works); an all-reduce returns only when
     every rank has joined it and logs nothing."""
     from mindspore.communication import GlobalComm
-    from mindspore.communication._comm_helper import _is_initialized
 
-    if _is_initialized():
+    from .hooks import comm_initialized
+
+    if comm_initialized():
         import mindspore as ms
         import mindspore.mint.distributed as dist
 
