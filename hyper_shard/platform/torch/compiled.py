@@ -235,21 +235,28 @@ def _fill(skeleton: Any, tensors: list, specs: tuple, pos: list) -> Any:
     return skeleton
 
 
-def _unbox_outputs(out: Any) -> tuple[Any, tuple[int, ...]]:
+def _unbox_outputs(out: Any, inputs: list) -> tuple[Any, tuple[int, ...]]:
+    """The call's outputs as local tensors, and each one's spec id (-1: plain). An output
+    that is one of the call's input tensors (``to_local``, ``from_local`` with nothing to
+    convert) leaves as a view of it: dynamo would take the output for the input's variable
+    (a DTensor for a plain result, or the reverse)."""
     flat, tree = pytree.tree_flatten(out, is_leaf=_is_traced)
     ids = []
     res = []
     for o in flat:
         if type(o) is TracedDTensor:
             ids.append(_spec_id(o._spec))
-            res.append(o._local)
+            o = o._local
         elif isinstance(o, DTensor):  # backend="eager": a real DTensor
             ids.append(_spec_id(o._spec))
             with DisableTorchFunctionSubclass():
-                res.append(o.as_subclass(torch.Tensor))  # type: ignore[attr-defined]
+                o = o.as_subclass(torch.Tensor)  # type: ignore[attr-defined]
         else:
             ids.append(-1)
-            res.append(o)
+        if isinstance(o, torch.Tensor) and any(o is t for t in inputs):
+            with DisableTorchFunctionSubclass():
+                o = o.view(o.shape)
+        res.append(o)
     return pytree.tree_unflatten(res, tree), tuple(ids)
 
 
@@ -264,7 +271,7 @@ def _traced_call(cid: str, specs: tuple, tensors: list) -> Any:
             out = _API[func](*args, **kwargs)  # type: ignore[operator]
         else:
             out = TRACE_DISPATCHER.dispatch(func, args, kwargs)
-        return _unbox_outputs(out)
+        return _unbox_outputs(out, tensors)
 
 
 def _api_redistribute(x: Any, mesh: Any, pl: tuple, async_op: bool, fdt: Any, bdt: Any) -> Any:
@@ -302,8 +309,13 @@ def _api_from_local(
     )
 
 
+def _api_local_tensor(x: Any, gp: None) -> Any:
+    return DTensor._local_tensor.fget(x)  # type: ignore[attr-defined]
+
+
 _API = {
     "from_local": _api_from_local,
+    "local_tensor": _api_local_tensor,
     "redistribute": _api_redistribute,
     "to_local": _api_to_local,
     "full_tensor": _api_full_tensor,
@@ -363,12 +375,26 @@ def _spec_token(t: Any) -> str:
     return t._spec._cid  # type: ignore[no-any-return]
 
 
-def _call(func: Any, args: Any, kwargs: dict) -> Any:
+def _call(func: Any, args: Any, kwargs: dict, ints: tuple = ()) -> Any:
+    """One nonstrict call of ``func`` (an op, or a DTensor API name); ``ints``: sizes that
+    enter as inputs (they may be symbolic), in the order of the :data:`_HOLE` strings the
+    arguments hold after their tensors."""
     from .dtensor import TorchDTensor
 
     tensors: list = []
     skeleton = _skeleton((args, kwargs), tensors)
     specs = tuple(_spec_token(t) if isinstance(t, TorchDTensor) else False for t in tensors)
+    if ints:
+        tensors.extend(ints)
+        specs += (False,) * len(ints)
+    for t in tensors:
+        if isinstance(t, TorchDTensor):
+            # a torch function dispatched on a DTensor (answered here, a constant) marks the
+            # region as one that inlined __torch_function__: dynamo then runs the compiled
+            # graph with it disabled, so the graph's aten ops on DTensor inputs are local
+            # ops. A region of DTensor API calls alone (``x.to_local() + 2``) has no other.
+            torch.numel(t)
+            break
     out, ids = _traced_call(_call_id(func, skeleton) + "", specs, tensors)  # no source
     return _rewrap_one(out, ids, [0])
 
@@ -410,9 +436,12 @@ def api_call(name: str, *args: Any) -> Any:
         t, mesh, pl, run_check, shape, stride, gp = args
         mesh = as_mesh(mesh, "DTensor.from_local")
         pl = (("R",),) * mesh.ndim if pl is None else _enc_placements(pl)
-        sh = None if shape is None else tuple(shape)
-        st = None if stride is None else tuple(stride)
-        return _call(name, (t, mesh, pl, run_check, sh, st, _enc_placements(gp)), {})
+        # the sizes enter the call as inputs: symbolic ones (dynamic=True) are no constants
+        # (from_local specializes them: a layout is static)
+        ints = tuple(shape or ()) + tuple(stride or ())
+        sh = None if shape is None else (_HOLE,) * len(shape)
+        st = None if stride is None else (_HOLE,) * len(stride)
+        return _call(name, (t, mesh, pl, run_check, sh, st, _enc_placements(gp)), {}, ints)
     if name == "redistribute":
         x, mesh, pl, async_op, fdt, bdt = args
         mesh = x._spec.mesh if mesh is None else mesh
@@ -562,14 +591,90 @@ def skip_frames() -> None:
                 set_code_exec_strategy(code, strategy)
 
 
+def _marked_dims(self: Any) -> set:
+    """``torch._dynamo.mark_dynamic`` on a DTensor: a DTensor's layout (global shape and
+    placements) is a static part of the region, so a dim marked dynamic is recorded as
+    ``maybe_mark_dynamic`` (dynamo's fakes never see a strict mark the layout would
+    violate: the region specializes that dim, a new size recompiles)."""
+    weak = self.__dict__.get("_dynamo_weak_dynamic_indices")
+    if weak is None or torch.compiler._is_compiling_flag:
+        raise AttributeError("_dynamo_dynamic_indices")
+    return weak  # type: ignore[no-any-return]
+
+
+def _mark_dims(self: Any, dims: Any) -> None:
+    self.__dict__["_dynamo_weak_dynamic_indices"] = set(dims)
+
+
+def _static_type(self: Any) -> str:
+    """``torch._dynamo.mark_static_address(dt, guard=True)`` (the optimizer marks its
+    parameters and state so): dynamo would install a "guarded" static tensor as a graph
+    attribute, a plain tensor to the region; a DTensor stays a graph input, with its
+    ``__torch_function__`` (and its layout guarded as every input's)."""
+    v = self.__dict__.get("_hs_static_input_type")
+    if v is None:
+        raise AttributeError("_dynamo_static_input_type")
+    return v  # type: ignore[no-any-return]
+
+
+def _set_static_type(self: Any, v: str) -> None:
+    self.__dict__["_hs_static_input_type"] = "unguarded" if v == "guarded" else v
+
+
+def _del_static_type(self: Any) -> None:
+    self.__dict__.pop("_hs_static_input_type", None)
+
+
+def _grad_while_compiling(handler: Any) -> Any:
+    """``p.grad`` of a DTensor parameter read while dynamo builds a region (a compiled
+    ``optimizer.step()``): dynamo reads the gradient through ``__torch_function__`` but its
+    guards read the C++ ``.grad`` slot, where local autograd left the plain local gradient.
+    The DTensor gradient is stored in that slot (the same storage), and so it is after
+    every later backward (a post-accumulate-grad hook on that parameter): the guards then
+    see the DTensor the region was traced with."""
+    comp = torch.compiler
+    _EAGER_GRAD[:] = [handler]
+
+    def h(args: Any, kwargs: dict) -> Any:
+        out = handler(args, kwargs)
+        if comp._is_compiling_flag and out is not None:
+            p = args[0]
+            _store_grad(p)
+            if "_hs_grad_hook" not in p.__dict__:
+                with DisableTorchFunctionSubclass():
+                    if p.is_leaf and p.requires_grad:
+                        hook = T.register_post_accumulate_grad_hook(p, _store_grad)
+                        p.__dict__["_hs_grad_hook"] = hook
+        return out
+
+    return h
+
+
+_EAGER_GRAD: list[Any] = []
+
+
+def _store_grad(p: Any) -> None:
+    with DisableTorchFunctionSubclass():
+        g = T.grad.__get__(p)
+    if g is not None and not isinstance(g, DTensor):
+        wrapped = _EAGER_GRAD[0]((p,), {})  # the DTensor gradient, an alias of g
+        with DisableTorchFunctionSubclass():
+            T.grad.__set__(p, wrapped)
+
+
 def install() -> None:
     """Route the neutral DTensor API through :func:`api_call` while dynamo traces, and let
     dynamo's fakes see the local tensor."""
     from ... import dtensor as _dt
-    from .dtensor import PROTOCOL_HANDLERS
+    from .dtensor import PROTOCOL_HANDLERS, TorchDTensor
 
     if not _dt.COMPILED_API:
         _dt.COMPILED_API[:] = [torch.compiler.is_dynamo_compiling, api_call]
         skip_frames()
         for f in _GLOBAL_METADATA:
             PROTOCOL_HANDLERS[f] = _local_while_compiling(f, PROTOCOL_HANDLERS[f])
+        TorchDTensor._dynamo_dynamic_indices = property(_marked_dims, _mark_dims)  # type: ignore[attr-defined]
+        PROTOCOL_HANDLERS[T.grad.__get__] = _grad_while_compiling(PROTOCOL_HANDLERS[T.grad.__get__])
+        TorchDTensor._dynamo_static_input_type = property(  # type: ignore[attr-defined]
+            _static_type, _set_static_type, _del_static_type
+        )

@@ -1,0 +1,102 @@
+"""The ``--compile`` comparison shared by ``bench_tp_step.py`` and ``bench_fsdp_step.py``:
+hyper_shard compiled, PyTorch DTensor compiled and hyper_shard eager, the same model and
+data in the same ranks, steps alternating.
+
+Besides the step times, one step of each library runs under ``torch.profiler`` to count
+the collectives it issues (``c10d::*`` ops of eager collectives and ``_c10d_functional::*``
+ops of compiled regions; waits and barriers not counted) and to split the step's wall time
+into *work* — local kernels (top-level ``aten::*`` ops, the compiled graphs' calls, where
+inductor's kernels run) and collectives — and the rest: Python, dispatch, hooks, autograd
+bookkeeping ("outside"). A compiled region's graph call counts whole as work.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch.distributed as dist
+
+LIBS = ("hs_compiled", "torch_compiled", "hs_eager")
+LABELS = {
+    "hs_compiled": "hyper_shard compiled",
+    "torch_compiled": "PyTorch DTensor compiled",
+    "hs_eager": "hyper_shard eager",
+}
+_COLL = ("c10d::", "_c10d_functional::")
+#: top-level profiler events that are work: local kernels, compiled graphs, collectives
+_WORK = ("aten::", "c10d::", "_c10d_functional::", "gloo:", "CompiledFxGraph", "Torch-Compiled")
+
+
+def _is_collective(name: str) -> bool:
+    return name.startswith(_COLL) and "wait" not in name and "barrier" not in name
+
+
+def profiled(step: Any) -> dict[str, Any]:
+    """One step (``step()``) under torch.profiler: the collectives it issued, its wall time
+    and the part of it outside local kernels, compiled graphs and collectives (ms)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        step()
+        wall = time.perf_counter() - t0
+    colls: dict[str, int] = {}
+    for e in prof.events():
+        if _is_collective(e.name):
+            colls[e.name] = colls.get(e.name, 0) + 1
+    work = 0.0
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        if e.name.startswith(_WORK):
+            work += (e.end_time_ns - e.start_time_ns) / 1e9
+        else:
+            stack.extend(e.children)
+    return {"collectives": colls, "wall": wall, "outside": max(wall - work, 0.0)}
+
+
+def median_of_slowest(per_rank: list[list[tuple[float, ...]]], phases: tuple[int, ...]) -> float:
+    """Median over steps of the slower rank's time summed over ``phases``."""
+    return statistics.median(max(sum(t[i] for i in phases) for t in per) for per in zip(*per_rank))
+
+
+def report(gathered: list[Any], phases: tuple[str, ...], worst: float) -> dict[str, float]:
+    """Print the step table (three libraries), the ratios against the targets, the
+    collectives per step and the time outside kernels and collectives; returns the ratios.
+    ``gathered``: per rank, (times by library, profiled step by library, first step's time
+    by library)."""
+    times = [g[0] for g in gathered]
+    print(f"\n{'phase (ms)':<20}" + "".join(f"{LABELS[k]:>26}" for k in LIBS))
+    rows = [(p, (i,)) for i, p in enumerate(phases)] + [("step", tuple(range(len(phases))))]
+    step: dict[str, float] = {}
+    for label, idx in rows:
+        vals = {k: median_of_slowest([t[k] for t in times], idx) * 1e3 for k in LIBS}
+        print(f"{label:<20}" + "".join(f"{vals[k]:>26.2f}" for k in LIBS))
+        step = vals
+    vs_torch = step["hs_compiled"] / step["torch_compiled"]
+    vs_eager = step["hs_compiled"] / step["hs_eager"]
+    print(
+        f"\nhyper_shard compiled / PyTorch DTensor compiled = {vs_torch:.2f}x (target <= 1.0: "
+        f"{'met' if vs_torch <= 1.0 else 'missed'}); hyper_shard compiled / hyper_shard eager "
+        f"= {vs_eager:.2f}x (target <= 0.7: {'met' if vs_eager <= 0.7 else 'missed'})"
+    )
+    for k in LIBS:
+        prof = [g[1][k] for g in gathered]
+        c = prof[0]["collectives"]
+        detail = ", ".join(f"{n.split('::')[-1]} {v}" for n, v in sorted(c.items()))
+        out = max(p["outside"] for p in prof) * 1e3
+        wall = max(p["wall"] for p in prof) * 1e3
+        print(
+            f"{LABELS[k]:<26} collectives per step {sum(c.values()):>3} ({detail}); outside "
+            f"kernels and collectives {out:.1f} of {wall:.1f} ms (one profiled step, rank max)"
+        )
+    first = {k: max(g[2][k] for g in gathered) for k in LIBS}
+    print(
+        "first step (the compiled ones compile): "
+        + ", ".join(f"{LABELS[k]} {first[k]:.1f} s" for k in LIBS)
+    )
+    print(f"largest relative loss difference between the libraries: {worst:.1e}")
+    return {"vs_torch": vs_torch, "vs_eager": vs_eager}
