@@ -3,11 +3,12 @@ hyper_shard compiled, PyTorch DTensor compiled and hyper_shard eager, the same m
 data in the same ranks, steps alternating.
 
 Besides the step times, one step of each library runs under ``torch.profiler`` to count
-the collectives it issues (``c10d::*`` ops of eager collectives and ``_c10d_functional::*``
-ops of compiled regions; waits and barriers not counted) and to split the step's wall time
-into *work* — local kernels (top-level ``aten::*`` ops, the compiled graphs' calls, where
-inductor's kernels run) and collectives — and the rest: Python, dispatch, hooks, autograd
-bookkeeping ("outside"). A compiled region's graph call counts whole as work.
+the collectives it issues (the ``c10d::*`` ops every collective runs, eager or a compiled
+region's ``_c10d_functional`` one; barriers not counted) and to split the step's wall time
+into *work* — local kernels (the innermost ``aten::*`` ops: a PyTorch DTensor op's outer
+``aten::`` event holds its Python dispatch, the local op inside it is the kernel), the
+compiled graphs' calls (``CompiledFxGraph``, where inductor's kernels run) and collectives
+— and the rest: Python, dispatch, guards, hooks, autograd bookkeeping ("outside").
 """
 
 from __future__ import annotations
@@ -24,13 +25,32 @@ LABELS = {
     "torch_compiled": "PyTorch DTensor compiled",
     "hs_eager": "hyper_shard eager",
 }
-_COLL = ("c10d::", "_c10d_functional::")
-#: top-level profiler events that are work: local kernels, compiled graphs, collectives
-_WORK = ("aten::", "c10d::", "_c10d_functional::", "gloo:", "CompiledFxGraph", "Torch-Compiled")
 
 
 def _is_collective(name: str) -> bool:
-    return name.startswith(_COLL) and "wait" not in name and "barrier" not in name
+    return name.startswith("c10d::") and "barrier" not in name
+
+
+def _is_work(e: Any) -> bool:
+    """A collective, a compiled graph's call, or an innermost ``aten::`` op."""
+    name = e.name
+    if _is_collective(name) or "CompiledFxGraph" in name:
+        return True
+    return name.startswith("aten::") and not any(
+        c.name.startswith(("aten::", "c10d::")) for c in e.cpu_children
+    )
+
+
+def _work(events: Any) -> float:
+    """Seconds covered by work events (the union of their intervals: nested ones count
+    once)."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events if _is_work(e))
+    total, end = 0.0, float("-inf")
+    for a, b in spans:
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total / 1e6  # microseconds
 
 
 def profiled(step: Any) -> dict[str, Any]:
@@ -47,14 +67,7 @@ def profiled(step: Any) -> dict[str, Any]:
     for e in prof.events():
         if _is_collective(e.name):
             colls[e.name] = colls.get(e.name, 0) + 1
-    work = 0.0
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        e = stack.pop()
-        if e.name.startswith(_WORK):
-            work += (e.end_time_ns - e.start_time_ns) / 1e9
-        else:
-            stack.extend(e.children)
+    work = _work(prof.events())
     return {"collectives": colls, "wall": wall, "outside": max(wall - work, 0.0)}
 
 

@@ -393,3 +393,51 @@ def check_api_patterns(rank: int, world: int) -> list[str]:
 def test_dtensor_api_patterns_in_compiled_regions(dist2):
     done = dist2.run(check_api_patterns, timeout=900)
     assert done[0] == done[1] and len(done[0]) == 8, done
+
+
+# ---------------------------------------------------------------------- one decoder layer
+def check_decoder_layer_fullgraph(rank: int, world: int, backend: str) -> dict:
+    """One TP decoder layer of the Llama under ``fullgraph=True``: its output and every
+    parameter's and the input's gradient equal the eager TP layer and the plain layer."""
+    from hyper_shard import Replicate, Shard, init_device_mesh
+    from hyper_shard import parallel as hp
+
+    sys.path.insert(0, EXAMPLES)
+    from llama_common import llama_tp_plan
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    plain = _llama()
+    h0 = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(2))
+    pe = plain.model.rotary_emb(h0, torch.arange(16)[None])
+
+    def run(layer, fn):
+        h = h0.clone().requires_grad_()
+        out = fn(h, position_embeddings=pe)
+        out = out[0] if isinstance(out, tuple) else out
+        out = _full(out)
+        (out * out).sum().backward()
+        grads = {n: _full(p.grad) for n, p in layer.named_parameters()}
+        return out.detach(), h.grad, grads
+
+    tp = _llama()
+    hp.parallelize_module(tp, mesh, llama_tp_plan(False, hp, Replicate, Shard))
+    tp_layer = tp.model.layers[0]
+    got = run(tp_layer, torch.compile(tp_layer, backend=backend, fullgraph=True))
+    counts = _counters()
+    tp_layer.zero_grad()
+    eager = run(tp_layer, tp_layer)
+    ref = run(plain.model.layers[0], plain.model.layers[0])
+    for g, e, r in zip(got[:2], eager[:2], ref[:2]):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+    for n, g in got[2].items():
+        torch.testing.assert_close(g, eager[2][n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(g, ref[2][n], rtol=1e-4, atol=1e-5)
+    return counts
+
+
+def test_tp_decoder_layer_fullgraph_inductor(dist2):
+    counts = dist2.run(check_decoder_layer_fullgraph, "inductor", timeout=900)
+    assert counts[0] == {"graph_breaks": 0, "graphs": 1}
