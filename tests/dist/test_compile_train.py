@@ -96,7 +96,7 @@ def _model(cfg: dict, tp_mesh: Any, dp_mesh: Any) -> torch.nn.Module:
 def _train(cfg: dict, tp_mesh: Any, dp_mesh: Any, dp: tuple, compiled: bool) -> dict:
     """``STEPS`` AdamW steps; ``cfg["compile"]``: "blocks" (each decoder layer's
     ``module.compile()``, as torchtitan) or "step" (one region: forward and loss, the loss
-    under ``loss_parallel`` when TP); ``cfg["opt"]``: the optimizer step compiled too."""
+    under ``loss_parallel`` when TP)."""
     from hyper_shard import DTensor, Replicate
     from hyper_shard import parallel as hp
 
@@ -119,7 +119,6 @@ def _train(cfg: dict, tp_mesh: Any, dp_mesh: Any, dp: tuple, compiled: bool) -> 
     elif compiled:
         step_fn = torch.compile(fwd_loss, backend=backend)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    opt_step = torch.compile(opt.step, backend=backend) if compiled and cfg.get("opt") else opt.step
     losses, grads = [], None
     n, dp_rank, group = dp
     for x, y in _batches(n):
@@ -135,7 +134,7 @@ def _train(cfg: dict, tp_mesh: Any, dp_mesh: Any, dp: tuple, compiled: bool) -> 
         losses.append(value.item())
         if grads is None:
             grads = {n: _full(p.grad).clone() for n, p in model.named_parameters()}
-        opt_step()
+        opt.step()
         opt.zero_grad()
     params = {n: _full(p.detach()).clone() for n, p in model.named_parameters()}
     return {"losses": losses, "grads": grads, "params": params}
