@@ -224,6 +224,7 @@ def _compile_worker(rank: int, args: argparse.Namespace, out: Any) -> None:
     dp_rank = rank // args.tp
     times: dict[str, list[tuple[float, ...]]] = {k: [] for k in libs}
     first: dict[str, float] = {}
+    worsts: dict[str, float] = {}
     worst = 0.0
     total = args.warmup + args.steps
     batches = list(ex.batches(data, total + 1, args.batch, args.seq, args.seed + 1))
@@ -244,9 +245,11 @@ def _compile_worker(rank: int, args: argparse.Namespace, out: Any) -> None:
             elif i == 0:
                 first[name] = sum(t)  # compiling, for the compiled ones
         ref = vals["hs_eager"]
-        worst = max(worst, *(abs(v - ref) / max(abs(ref), 1e-12) for v in vals.values()))
+        for k, v in vals.items():  # each library's largest relative loss difference to eager
+            worsts[k] = max(worsts.get(k, 0.0), abs(v - ref) / max(abs(ref), 1e-12))
+        worst = max(worsts.values())
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (times, prof, first))
+    dist.all_gather_object(gathered, (times, prof, first, worsts))
     if rank == 0:
         out.put((gathered, worst))
 
