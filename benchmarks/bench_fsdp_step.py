@@ -29,6 +29,14 @@ with a ``dist.barrier()`` before each step. Printed per configuration:
     python benchmarks/bench_fsdp_step.py                 # both configurations (~1 min idle)
     python benchmarks/bench_fsdp_step.py --config fsdp   # one of them
     python benchmarks/bench_fsdp_step.py --steps 10      # quicker, noisier
+    python benchmarks/bench_fsdp_step.py --compile       # compiled (inductor), see below
+
+``--compile [BACKEND]`` compares three copies per configuration instead: hyper_shard
+compiled and PyTorch compiled — each decoder layer ``module.compile()``d before FSDP wraps
+it, as torchtitan does (the FSDP hooks run eagerly around each compiled block) — and
+hyper_shard eager; loss and optimizer step eager. Targets: hyper_shard compiled <= 1.0x
+PyTorch compiled and <= 0.7x hyper_shard eager; collectives per step and the time outside
+local kernels and collectives printed (``benchmarks/_compiled_step.py``).
 
 Times on a shared machine are noisy: the first line prints the load average.
 """
@@ -36,6 +44,7 @@ Times on a shared machine are noisy: the first line prints the load average.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import socket
 import statistics
@@ -194,12 +203,70 @@ def _profiled(lib: dict[str, Any], x: torch.Tensor, y: torch.Tensor, pos: torch.
     return {"collectives": colls, "peak": resident + growth}
 
 
+def _compiled(lib: dict[str, Any], backend: str) -> dict[str, Any]:
+    for layer in lib["model"].model.layers:
+        layer.compile(backend=backend)
+    return lib
+
+
+def _compile_worker(rank: int, args: argparse.Namespace, out: Any) -> None:
+    """``--compile``: the three libraries of ``_compiled_step.LIBS``, steps alternating."""
+    import _compiled_step as cs
+    import train_llama_tp as ex
+
+    libs = {
+        "hs_compiled": _compiled(_hs_setup(args), args.compile),
+        "torch_compiled": _compiled(_torch_setup(args), args.compile),
+        "hs_eager": _hs_setup(args),
+    }
+    data = ex.load_data()
+    pos = torch.arange(args.seq)[None]
+    dp_rank = rank // args.tp
+    times: dict[str, list[tuple[float, ...]]] = {k: [] for k in libs}
+    first: dict[str, float] = {}
+    worsts: dict[str, float] = {}
+    worst = 0.0
+    total = args.warmup + args.steps
+    batches = list(ex.batches(data, total + 1, args.batch, args.seq, args.seed + 1))
+    for i, (x, y) in enumerate(batches[: total + 1]):
+        x, y = x.chunk(args.dp)[dp_rank], y.chunk(args.dp)[dp_rank]
+        if i == total:
+            prof = {
+                name: cs.profiled(functools.partial(_step, lib, x, y, pos))
+                for name, lib in libs.items()
+            }
+            break
+        vals = {}
+        order = list(libs)[i % 3 :] + list(libs)[: i % 3]  # who goes first rotates
+        for name in order:
+            t, vals[name] = _step(libs[name], x, y, pos)
+            if i >= args.warmup:
+                times[name].append(t)
+            elif i == 0:
+                first[name] = sum(t)  # compiling, for the compiled ones
+        ref = vals["hs_eager"]
+        for k, v in vals.items():  # each library's largest relative loss difference to eager
+            worsts[k] = max(worsts.get(k, 0.0), abs(v - ref) / max(abs(ref), 1e-12))
+        worst = max(worsts.values())
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (times, prof, first, worsts))
+    if rank == 0:
+        out.put((gathered, worst))
+
+
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Any) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     import train_llama_tp as ex
+
+    if args.compile:
+        _compile_worker(rank, args, out)
+        dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
     libs = {"hyper_shard": _hs_setup(args), "torch": _torch_setup(args)}
     data = ex.load_data()
@@ -248,9 +315,15 @@ def run_config(name: str, args: argparse.Namespace) -> dict[str, float]:
     out = ctx.SimpleQueue()
     mp.spawn(_worker, args=(world, port, args, out), nprocs=world)
     gathered, worst = out.get()
-    times = [g[0] for g in gathered]
     title = "FSDP, 2 ranks" if args.tp == 1 else "FSDP x TP, (dp 2, tp 2) on 4 ranks"
     print(f"\n== {name}: {title} ==")
+    if args.compile:
+        import _compiled_step as cs
+
+        res = cs.report(gathered, PHASES, worst)
+        cs.check_losses(gathered)
+        return res
+    times = [g[0] for g in gathered]
     print(f"{'phase':<22} {'hyper_shard ms':>15} {'torch ms':>10} {'ratio':>7}")
     rows = [(p, (i,)) for i, p in enumerate(PHASES)] + [("step", (0, 1, 2))]
     res: dict[str, float] = {}
@@ -308,8 +381,18 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=7e-4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        metavar="BACKEND",
+        help="compare per-block compiled models (default backend inductor) and hyper_shard eager",
+    )
     args = ap.parse_args()
     args.sp = False
+    if args.compile:
+        args.warmup = max(args.warmup, 3)  # the first steps compile
     print(
         f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; Llama "
         f"{args.layers}x{args.hidden} (ffn {args.ffn}), batch {args.batch}x{args.seq}; "

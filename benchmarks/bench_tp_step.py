@@ -28,6 +28,14 @@ op of forward and backward.
     python benchmarks/bench_tp_step.py              # about 20 s on 2 cores
     python benchmarks/bench_tp_step.py --sp         # sequence parallel on the norms too
     python benchmarks/bench_tp_step.py --steps 10   # quicker, noisier
+    python benchmarks/bench_tp_step.py --compile    # compiled (inductor), see below
+
+``--compile [BACKEND]`` compares three copies in the same ranks instead: hyper_shard
+compiled (``torch.compile(model)``: one graph, collectives as ``_c10d_functional`` ops),
+PyTorch DTensor compiled the same way, and hyper_shard eager; the loss and the optimizer
+step stay eager in all three. Targets: hyper_shard compiled <= 1.0x PyTorch DTensor
+compiled and <= 0.7x hyper_shard eager. It also prints the collectives per step and the
+time per step outside local kernels and collectives (``benchmarks/_compiled_step.py``).
 
 Times on a shared machine are noisy: the first line prints the load average; rerun when
 it is high.
@@ -36,6 +44,7 @@ it is high.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import socket
 import statistics
@@ -121,6 +130,52 @@ def _step(lib: dict[str, Any], x: torch.Tensor, y: torch.Tensor, pos: torch.Tens
     return (t1 - t0, t2 - t1, t3 - t2, t4 - t3), value
 
 
+def _compiled(lib: dict[str, Any], backend: str) -> dict[str, Any]:
+    lib["model"] = torch.compile(lib["model"], backend=backend)
+    return lib
+
+
+def _compile_worker(args: argparse.Namespace, out: Any) -> None:
+    """``--compile``: the three libraries of ``_compiled_step.LIBS``, steps alternating."""
+    import _compiled_step as cs
+    import train_llama_tp as ex
+
+    libs = {
+        "hs_compiled": _compiled(_hs_setup(args), args.compile),
+        "torch_compiled": _compiled(_torch_setup(args), args.compile),
+        "hs_eager": _hs_setup(args),
+    }
+    data = ex.load_data()
+    pos = torch.arange(args.seq)[None]
+    times: dict[str, list[tuple[float, ...]]] = {k: [] for k in libs}
+    first: dict[str, float] = {}
+    worsts: dict[str, float] = {}
+    worst = 0.0
+    total = args.warmup + args.steps
+    batches = list(ex.batches(data, total + 1, args.batch, args.seq, args.seed + 1))
+    for i, (x, y) in enumerate(batches[:total]):
+        vals = {}
+        order = list(libs)[i % 3 :] + list(libs)[: i % 3]  # who goes first rotates
+        for name in order:
+            t, vals[name] = _step(libs[name], x, y, pos)
+            if i >= args.warmup:
+                times[name].append(t)
+            elif i == 0:
+                first[name] = sum(t)  # compiling, for the compiled ones
+        ref = vals["hs_eager"]
+        for k, v in vals.items():  # each library's largest relative loss difference to eager
+            worsts[k] = max(worsts.get(k, 0.0), abs(v - ref) / max(abs(ref), 1e-12))
+        worst = max(worsts.values())
+    x, y = batches[total]
+    prof = {
+        name: cs.profiled(functools.partial(_step, lib, x, y, pos)) for name, lib in libs.items()
+    }
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (times, prof, first, worsts))
+    if dist.get_rank() == 0:
+        out.put((gathered, worst))
+
+
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Any) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -128,6 +183,12 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Any
     )
     import train_llama_tp as ex
 
+    if args.compile:
+        _compile_worker(args, out)
+        dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # as below
     libs = {"hyper_shard": _hs_setup(args), "torch": _torch_setup(args)}
     data = ex.load_data()
     pos = torch.arange(args.seq)[None]
@@ -177,7 +238,17 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=7e-4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sp", action="store_true", help="sequence parallel on the norms too")
+    ap.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        metavar="BACKEND",
+        help="compare compiled models (default backend inductor) and hyper_shard eager",
+    )
     args = ap.parse_args()
+    if args.compile:
+        args.warmup = max(args.warmup, 3)  # the first steps compile
     print(
         f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; Llama "
         f"{args.layers}x{args.hidden} (ffn {args.ffn}), batch {args.batch}x{args.seq}, "
@@ -192,6 +263,12 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_worker, args=(2, port, args, out), nprocs=2)
     gathered, worst = out.get()
+    if args.compile:
+        import _compiled_step as cs
+
+        cs.report(gathered, PHASES, worst)
+        cs.check_losses(gathered)
+        return
     print(f"\n{'phase':<22} {'hyper_shard ms':>15} {'torch ms':>10} {'ratio':>7}")
     rows = [(p, (i,)) for i, p in enumerate(PHASES)]
     rows += [("step (fwd+bwd+opt)", (0, 1, 2)), ("step + loss.item", (0, 1, 2, 3))]

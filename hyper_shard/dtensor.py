@@ -221,6 +221,8 @@ class DTensor:
     def _local_tensor(self) -> Any:
         """The local shard as a plain framework tensor: an alias (same storage), as the
         attribute of this name on PyTorch DTensor. Prefer :meth:`to_local`."""
+        if COMPILED_API and COMPILED_API[0]():
+            return COMPILED_API[1]("local_tensor", self, None)
         return self._spec.mesh.platform.local_of(self)
 
     def to_local(self, *, grad_placements: Sequence[Placement] | None = None) -> Any:

@@ -243,3 +243,201 @@ def test_llama_tp_compiled_per_layer(dist2):
 def test_llama_sp_compiled_whole(dist2):
     counts = dist2.run(check_llama_tp, "whole", True, timeout=600)
     assert counts[0]["graph_breaks"] == 0
+
+
+# ---------------------------------------------------------------------- DTensor API patterns
+def check_api_patterns(rank: int, world: int) -> list[str]:
+    """The DTensor API as code written for PyTorch DTensor uses it inside compiled regions
+    (fullgraph): placements and meshes as inputs, attribute reads, from_local / to_local /
+    redistribute with keyword arguments, DTensors in and out, dynamic shapes, forward hooks,
+    gradients. Each compiled result is held to the eager one (and grads to plain torch)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from hyper_shard import DeviceMesh, DTensor, Partial, Replicate, Shard
+
+    mesh = DeviceMesh("cpu", torch.arange(world))
+    done = []
+
+    def compiled(fn, **kw):
+        torch._dynamo.reset()
+        return torch.compile(fn, backend=kw.pop("backend", "aot_eager"), fullgraph=True, **kw)
+
+    def same(a, b):
+        a = a.full_tensor() if isinstance(a, DTensor) else a
+        b = b.full_tensor() if isinstance(b, DTensor) else b
+        torch.testing.assert_close(a, b)
+
+    # placements and a mesh as the region's inputs: their methods are constants
+    def kinds(p):
+        return (p.is_shard(), p.is_shard(0), p.is_shard(dim=1), p.is_replicate(), p.is_partial())
+
+    f = compiled(kinds)
+    assert all(f(p) == kinds(p) for p in (Shard(0), Replicate(), Partial()))
+
+    def mesh_info(m):
+        return m.size(), m.size(0), m.size(mesh_dim=0), m.get_coordinate(), m.get_group()
+
+    assert compiled(mesh_info)(mesh) == mesh_info(mesh)
+    done.append("placement and mesh inputs")
+
+    # a DTensor in, the same or a new DTensor out; attribute reads on intermediates
+    x = DTensor.from_local(torch.rand(3), mesh, [Shard(0)], run_check=False)
+    out = compiled(lambda t: t)(x)
+    assert isinstance(out, DTensor) and out.placements == (Shard(0),) and out.shape == (3 * world,)
+    same(compiled(lambda t: t * t + 2)(x), x * x + 2)
+
+    def branch(t):
+        u = t * 2
+        if u.placements[0].is_shard() and u.device_mesh.device_type == "cpu":
+            return u._local_tensor + 2
+        return u._local_tensor + 3
+
+    same(compiled(branch)(x), branch(x))
+    done.append("DTensor in and out, attributes")
+
+    # redistribute / to_local with keywords, a dim marked dynamic (recompiles, not an error)
+    def gather_row(t):
+        r = torch.mul(t, t).redistribute(device_mesh=t.device_mesh, placements=[Replicate()])
+        return r.to_local()[0]
+
+    y = DTensor.from_local(torch.rand(4, 4), mesh, [Shard(0)], run_check=False)
+    torch._dynamo.mark_dynamic(y, 0)
+    same(compiled(gather_row)(y), gather_row(y))
+    r = DTensor.from_local(torch.ones(4), mesh, [Replicate()], run_check=False)
+    out = compiled(lambda t: r.to_local(grad_placements=[Shard(0)]) + 2)(r)
+    assert type(out) is torch.Tensor
+    same(out, r.to_local() + 2)
+    done.append("redistribute / to_local keywords, mark_dynamic")
+
+    # from_local inside the region (plain in, plain out), keywords, grads; one frame each
+    def wrap_add(t):
+        return DTensor.from_local(t, device_mesh=mesh, placements=[Replicate()]).to_local() + 2
+
+    cnt = CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()
+    t = torch.ones(2, requires_grad=True)
+    out = torch.compile(wrap_add, backend=cnt, fullgraph=True)(t)
+    out.sum().backward()
+    same(out, t.detach() + 2)
+    same(t.grad, torch.ones(2))
+    assert cnt.frame_count == 1
+
+    def sized(t):  # sizes read from a dynamic input
+        d = DTensor.from_local(t, mesh, [Replicate()], shape=t.shape, stride=t.stride())
+        return d.to_local() + 2
+
+    t = torch.randn(4, 6, requires_grad=True)
+    out = compiled(sized, dynamic=True)(t)
+    out.sum().backward()
+    same(out, t.detach() + 2)
+    done.append("from_local inside, dynamic=True")
+
+    # the same placements on a new equal mesh: no recompile; a new placement: one
+    cnt = CompileCounterWithBackend("aot_eager")
+    env = {}
+
+    def build(t):
+        return DTensor.from_local(t, env["mesh"], [env["pl"]]).to_local() * 1
+
+    torch._dynamo.reset()
+    g = torch.compile(build, backend=cnt)
+    for pl in (Shard(1), Shard(1), Partial(), Partial()):
+        env["mesh"], env["pl"] = DeviceMesh("cpu", torch.arange(world)), pl
+        g(torch.ones(4, 4))
+    assert cnt.frame_count == 2
+    done.append("guards on equal meshes")
+
+    # a forward hook converting the output; nn.Parameter of a DTensor
+    def hook(m, inp, o):
+        loc = o.to_local(grad_placements=o.placements) + 2
+        return DTensor.from_local(loc, mesh, o.placements, run_check=False)
+
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(4, 4)
+    lin.register_forward_hook(hook)
+    lin.weight = torch.nn.Parameter(DTensor.from_local(lin.weight, mesh, [Replicate()]))
+    lin.bias = torch.nn.Parameter(DTensor.from_local(lin.bias, mesh, [Replicate()]))
+    d = DTensor.from_local(torch.ones(4, 4), mesh, [Replicate()])
+    same(compiled(lin)(d), lin(d))
+    done.append("forward hook")
+
+    # async redistribute, transposed layouts, gradients through matmul and redistribute
+    def gathered(t):
+        d = DTensor.from_local(t, mesh, [Shard(0)], run_check=False)
+        return d.redistribute(mesh, [Replicate()], async_op=True).to_local() + 2
+
+    same(compiled(gathered)(torch.ones(2)), torch.ones(2 * world) + 2)
+
+    def lin_t(a, w, b):
+        h = torch._C._nn.linear(a.permute(0, 2, 1).contiguous(), w, b)
+        return h.permute(0, 2, 1)
+
+    g0 = torch.Generator().manual_seed(4)
+    a0, w0, b0 = (torch.randn(*s, generator=g0) for s in ((4, 8 * world, 4), (4, 8 * world), (4,)))
+    leaves = [v.clone().requires_grad_() for v in (a0, w0, b0)]
+    dts = [
+        DTensor.from_local(v.chunk(world, 1)[rank] if i < 2 else v, mesh, [pl])
+        for i, (v, pl) in enumerate(zip(leaves, (Shard(1), Shard(1), Replicate())))
+    ]
+    out = compiled(lin_t)(*dts)
+    out.contiguous().sum().backward()
+    ref = [v.clone().requires_grad_() for v in (a0, w0, b0)]
+    lin_t(*ref).sum().backward()
+    same(out, lin_t(*ref).detach())
+    for i, (v, rv) in enumerate(zip(leaves, ref)):  # this rank's shards' gradients
+        same(*((g.chunk(world, 1)[rank] if i < 2 else g) for g in (v.grad, rv.grad)))
+    done.append("async redistribute, layouts, grads")
+    return done
+
+
+def test_dtensor_api_patterns_in_compiled_regions(dist2):
+    done = dist2.run(check_api_patterns, timeout=900)
+    assert done[0] == done[1] and len(done[0]) == 7, done
+
+
+# ---------------------------------------------------------------------- one decoder layer
+def check_decoder_layer_fullgraph(rank: int, world: int, backend: str) -> dict:
+    """One TP decoder layer of the Llama under ``fullgraph=True``: its output and every
+    parameter's and the input's gradient equal the eager TP layer and the plain layer."""
+    from hyper_shard import Replicate, Shard, init_device_mesh
+    from hyper_shard import parallel as hp
+
+    sys.path.insert(0, EXAMPLES)
+    from llama_common import llama_tp_plan
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    plain = _llama()
+    h0 = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(2))
+    pe = plain.model.rotary_emb(h0, torch.arange(16)[None])
+
+    def run(layer, fn):
+        h = h0.clone().requires_grad_()
+        out = fn(h, position_embeddings=pe)
+        out = out[0] if isinstance(out, tuple) else out
+        out = _full(out)
+        (out * out).sum().backward()
+        grads = {n: _full(p.grad) for n, p in layer.named_parameters()}
+        return out.detach(), h.grad, grads
+
+    tp = _llama()
+    hp.parallelize_module(tp, mesh, llama_tp_plan(False, hp, Replicate, Shard))
+    tp_layer = tp.model.layers[0]
+    got = run(tp_layer, torch.compile(tp_layer, backend=backend, fullgraph=True))
+    counts = _counters()
+    tp_layer.zero_grad()
+    eager = run(tp_layer, tp_layer)
+    ref = run(plain.model.layers[0], plain.model.layers[0])
+    for g, e, r in zip(got[:2], eager[:2], ref[:2]):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+    for n, g in got[2].items():
+        torch.testing.assert_close(g, eager[2][n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(g, ref[2][n], rtol=1e-4, atol=1e-5)
+    return counts
+
+
+def test_tp_decoder_layer_fullgraph_inductor(dist2):
+    counts = dist2.run(check_decoder_layer_fullgraph, "inductor", timeout=900)
+    assert counts[0] == {"graph_breaks": 0, "graphs": 1}

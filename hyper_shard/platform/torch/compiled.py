@@ -28,8 +28,6 @@ out as small interned ints (:data:`_SPECS`).
 from __future__ import annotations
 
 import sys
-import types
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -45,6 +43,7 @@ from ...spec import DTensorSpec
 
 __all__ = ["TracedDTensor", "TRACE_DISPATCHER", "tracing", "is_tracing"]
 
+from .compiled_hooks import _MODULES_SEEN, install, skip_frames  # noqa: F401
 from .compiled_state import _TRACING, TracedDTensor, is_tracing, tracing  # noqa: F401
 
 
@@ -235,21 +234,28 @@ def _fill(skeleton: Any, tensors: list, specs: tuple, pos: list) -> Any:
     return skeleton
 
 
-def _unbox_outputs(out: Any) -> tuple[Any, tuple[int, ...]]:
+def _unbox_outputs(out: Any, inputs: list) -> tuple[Any, tuple[int, ...]]:
+    """The call's outputs as local tensors, and each one's spec id (-1: plain). An output
+    that is one of the call's input tensors (``to_local``, ``from_local`` with nothing to
+    convert) leaves as a view of it: dynamo would take the output for the input's variable
+    (a DTensor for a plain result, or the reverse)."""
     flat, tree = pytree.tree_flatten(out, is_leaf=_is_traced)
     ids = []
     res = []
     for o in flat:
         if type(o) is TracedDTensor:
             ids.append(_spec_id(o._spec))
-            res.append(o._local)
+            o = o._local
         elif isinstance(o, DTensor):  # backend="eager": a real DTensor
             ids.append(_spec_id(o._spec))
             with DisableTorchFunctionSubclass():
-                res.append(o.as_subclass(torch.Tensor))  # type: ignore[attr-defined]
+                o = o.as_subclass(torch.Tensor)  # type: ignore[attr-defined]
         else:
             ids.append(-1)
-            res.append(o)
+        if isinstance(o, torch.Tensor) and any(o is t for t in inputs):
+            with DisableTorchFunctionSubclass():
+                o = o.view(o.shape)
+        res.append(o)
     return pytree.tree_unflatten(res, tree), tuple(ids)
 
 
@@ -264,7 +270,7 @@ def _traced_call(cid: str, specs: tuple, tensors: list) -> Any:
             out = _API[func](*args, **kwargs)  # type: ignore[operator]
         else:
             out = TRACE_DISPATCHER.dispatch(func, args, kwargs)
-        return _unbox_outputs(out)
+        return _unbox_outputs(out, tensors)
 
 
 def _api_redistribute(x: Any, mesh: Any, pl: tuple, async_op: bool, fdt: Any, bdt: Any) -> Any:
@@ -286,12 +292,42 @@ def _api_full_tensor(x: Any, gp: tuple | None) -> Any:
     return DTensor.full_tensor(x, grad_placements=None if gp is None else [_decode(p) for p in gp])
 
 
+#: the last traced from_local: (local tensor, its version, arguments, the DTensor)
+_LAST_WRAP: list[Any] = [None]
+
+
+def _version(t: Any) -> Any:
+    try:
+        return t._version
+    except (AttributeError, RuntimeError):  # no version counter: never reused
+        return object()
+
+
 def _api_from_local(
     t: Any, mesh: Any, pl: tuple, run_check: bool, shape: Any, stride: Any, gp: Any
 ) -> Any:
+    """``from_local`` while tracing. A second wrap of the same traced tensor with the same
+    arguments (the input a ColwiseParallel style wraps for each of q/k/v, gate/up) is a
+    view of the first: the consumers' gradients meet at one node and the backward
+    reduces them once, as the eager styles' shared wrap does (a linear map: the same
+    values as one reduction per wrap)."""
     from .dtensor import TorchDTensor
 
-    return TorchDTensor.from_local(
+    key = (mesh, pl, run_check, shape, stride, gp)
+    last = _LAST_WRAP[0]
+    if last is not None and last[0] is t and last[1] == _version(t) and last[2] == key:
+        out = last[3]
+        with DisableTorchFunctionSubclass():
+            return TracedDTensor(out._local.view(out._local.shape), out._spec)
+    out = _from_local(TorchDTensor, t, mesh, pl, run_check, shape, stride, gp)
+    _LAST_WRAP[0] = (t, _version(t), key, out) if type(out) is TracedDTensor else None
+    return out
+
+
+def _from_local(
+    cls: Any, t: Any, mesh: Any, pl: tuple, run_check: bool, shape: Any, stride: Any, gp: Any
+) -> Any:
+    return cls.from_local(
         t,
         mesh,
         [_decode(p) for p in pl],
@@ -302,8 +338,13 @@ def _api_from_local(
     )
 
 
+def _api_local_tensor(x: Any, gp: None) -> Any:
+    return DTensor._local_tensor.fget(x)  # type: ignore[attr-defined]
+
+
 _API = {
     "from_local": _api_from_local,
+    "local_tensor": _api_local_tensor,
     "redistribute": _api_redistribute,
     "to_local": _api_to_local,
     "full_tensor": _api_full_tensor,
@@ -363,12 +404,26 @@ def _spec_token(t: Any) -> str:
     return t._spec._cid  # type: ignore[no-any-return]
 
 
-def _call(func: Any, args: Any, kwargs: dict) -> Any:
+def _call(func: Any, args: Any, kwargs: dict, ints: tuple = ()) -> Any:
+    """One nonstrict call of ``func`` (an op, or a DTensor API name); ``ints``: sizes that
+    enter as inputs (they may be symbolic), in the order of the :data:`_HOLE` strings the
+    arguments hold after their tensors."""
     from .dtensor import TorchDTensor
 
     tensors: list = []
     skeleton = _skeleton((args, kwargs), tensors)
     specs = tuple(_spec_token(t) if isinstance(t, TorchDTensor) else False for t in tensors)
+    if ints:
+        tensors.extend(ints)
+        specs += (False,) * len(ints)
+    for t in tensors:
+        if isinstance(t, TorchDTensor):
+            # a torch function dispatched on a DTensor (answered here, a constant) marks the
+            # region as one that inlined __torch_function__: dynamo then runs the compiled
+            # graph with it disabled, so the graph's aten ops on DTensor inputs are local
+            # ops. A region of DTensor API calls alone (``x.to_local() + 2``) has no other.
+            torch.numel(t)
+            break
     out, ids = _traced_call(_call_id(func, skeleton) + "", specs, tensors)  # no source
     return _rewrap_one(out, ids, [0])
 
@@ -410,9 +465,12 @@ def api_call(name: str, *args: Any) -> Any:
         t, mesh, pl, run_check, shape, stride, gp = args
         mesh = as_mesh(mesh, "DTensor.from_local")
         pl = (("R",),) * mesh.ndim if pl is None else _enc_placements(pl)
-        sh = None if shape is None else tuple(shape)
-        st = None if stride is None else tuple(stride)
-        return _call(name, (t, mesh, pl, run_check, sh, st, _enc_placements(gp)), {})
+        # the sizes enter the call as inputs: symbolic ones (dynamic=True) are no constants
+        # (from_local specializes them: a layout is static)
+        ints = tuple(shape or ()) + tuple(stride or ())
+        sh = None if shape is None else (_HOLE,) * len(shape)
+        st = None if stride is None else (_HOLE,) * len(stride)
+        return _call(name, (t, mesh, pl, run_check, sh, st, _enc_placements(gp)), {}, ints)
     if name == "redistribute":
         x, mesh, pl, async_op, fdt, bdt = args
         mesh = x._spec.mesh if mesh is None else mesh
@@ -476,100 +534,3 @@ for _n in ("dtype", "device", "requires_grad", "is_leaf", "grad_fn", "layout", "
     TRACED_HANDLERS[getattr(T, _n).__get__] = _passthrough(getattr(T, _n).__get__)
 for _n in ("is_floating_point", "is_complex", "element_size", "get_device"):
     TRACED_HANDLERS[getattr(T, _n)] = _passthrough(getattr(T, _n))
-
-
-def python_level(func: Any, args: tuple, kwargs: dict) -> Any:
-    """A call dynamo makes in Python while it compiles (building fake tensors and guards):
-    the DTensor answers as its local tensor (see the module note)."""
-    if len(sys.modules) != _MODULES_SEEN[0]:
-        skip_frames()  # hyper_shard modules imported since
-    if args and isinstance(args[0], DTensor):
-        _spec_id(args[0]._spec)  # the region may read this DTensor: know its spec by id
-    with DisableTorchFunctionSubclass():
-        return func(*args, **kwargs)
-
-
-def _local_while_compiling(func: Any, handler: Any) -> Any:
-    """A global-metadata handler that answers with the local tensor's metadata while a
-    compile runs in Python (dynamo building fakes and guards; see the module note)."""
-    comp = torch.compiler
-
-    def h(args: Any, kwargs: dict) -> Any:
-        if comp._is_compiling_flag:
-            return python_level(func, args, kwargs)
-        return handler(args, kwargs)
-
-    return h
-
-
-#: the eager handlers that report global metadata (the local tensor's while compiling)
-_GLOBAL_METADATA = (
-    T.shape.__get__, T.size, T.stride, T.numel, T.nelement, torch.numel, T.is_contiguous,
-    T.__len__, T.nbytes.__get__,
-)  # fmt: skip
-
-
-_SKIPPED: set[str] = set()
-_MODULES_SEEN = [0]
-
-
-def _codes(obj: Any, seen: set[int]) -> Iterator[Any]:
-    """The code objects of a module's functions and classes, nested ones included."""
-    if id(obj) in seen:
-        return
-    seen.add(id(obj))
-    if isinstance(obj, (staticmethod, classmethod)):
-        obj = obj.__func__
-    if isinstance(obj, property):
-        for f in (obj.fget, obj.fset, obj.fdel):
-            if f is not None:
-                yield from _codes(f, seen)
-        return
-    code = getattr(obj, "__code__", None)
-    if isinstance(code, types.CodeType):
-        stack = [code]
-        while stack:
-            c = stack.pop()
-            yield c
-            stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    elif isinstance(obj, type):
-        for v in vars(obj).values():
-            yield from _codes(v, seen)
-
-
-def skip_frames() -> None:
-    """[Note: compiled DTensor frames] dynamo inlines hyper_shard's code into the user's
-    traced frame (``__torch_function__``, the DTensor API, the styles' conversions). After a
-    graph break it runs the rest of the user's frame eagerly and compiles each frame that
-    code calls on its own — a dispatcher frame compiled by itself would run aten ops on
-    DTensors outside any dispatch. Every code object of the loaded ``hyper_shard`` modules
-    is marked to run as plain Python when it is a frame of its own, and so is everything it
-    calls (``FrameAction.SKIP`` for the frame and its callees); inlining is not affected."""
-    from torch._C._dynamo.eval_frame import set_code_exec_strategy
-    from torch._dynamo.types import FrameAction, FrameExecStrategy
-
-    _MODULES_SEEN[0] = len(sys.modules)
-    strategy = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
-    for name, mod in list(sys.modules.items()):
-        if mod is None or name in _SKIPPED or not name.startswith("hyper_shard"):
-            continue
-        _SKIPPED.add(name)
-        seen: set[int] = set()
-        for v in list(vars(mod).values()):
-            if getattr(v, "__module__", None) != name:
-                continue
-            for code in _codes(v, seen):
-                set_code_exec_strategy(code, strategy)
-
-
-def install() -> None:
-    """Route the neutral DTensor API through :func:`api_call` while dynamo traces, and let
-    dynamo's fakes see the local tensor."""
-    from ... import dtensor as _dt
-    from .dtensor import PROTOCOL_HANDLERS
-
-    if not _dt.COMPILED_API:
-        _dt.COMPILED_API[:] = [torch.compiler.is_dynamo_compiling, api_call]
-        skip_frames()
-        for f in _GLOBAL_METADATA:
-            PROTOCOL_HANDLERS[f] = _local_while_compiling(f, PROTOCOL_HANDLERS[f])

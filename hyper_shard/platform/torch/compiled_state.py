@@ -79,5 +79,12 @@ class TracedDTensor(DTensor):
     def requires_grad(self) -> bool:
         return bool(self._local.requires_grad)
 
+    @property
+    def _version(self) -> int:
+        """No version counter (the platform's ``version`` reads None): the dispatcher's memo
+        of an input's last redistribution (``_moved``) is for eager steps, a trace records
+        each use."""
+        raise RuntimeError("a traced DTensor has no version counter")
+
     def __repr__(self) -> str:
         return f"TracedDTensor({list(self._spec.shape)}, {self._spec.placements})"
