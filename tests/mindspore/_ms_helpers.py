@@ -69,3 +69,50 @@ def max_param_err(net: Any, ref: Any) -> float:
         float(np.abs(p.full_tensor().asnumpy() - r.asnumpy()).max())
         for p, r in zip(net.trainable_params(), ref.trainable_params())
     )
+
+
+def chunked_two_layer(seed: int, bias: bool = True) -> Any:
+    """A ``mint.nn.Linear`` 8 -> 6, relu, and a head 6 -> 5 applied to two chunks of the
+    rows (a chunked loss), with weights drawn from ``seed``."""
+    from mindspore import Parameter, Tensor, mint, nn
+
+    class Net(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up = mint.nn.Linear(8, 6, bias=bias)
+            self.head = mint.nn.Linear(6, 5, bias=bias)
+
+        def construct(self, x):
+            h = mint.nn.functional.relu(self.up(x))
+            a, b = mint.chunk(h, 2, 0)
+            return mint.cat([self.head(a), self.head(b)], 0)
+
+    net = Net()
+    rs = np.random.RandomState(seed)
+    for cell in (net.up, net.head):
+        o, i = cell.weight.shape
+        cell.weight = Parameter(
+            Tensor(rs.randn(o, i).astype(np.float32) / np.sqrt(i)), name=cell.weight.name
+        )
+        if bias:
+            cell.bias = Parameter(Tensor(rs.randn(o).astype(np.float32) * 0.3), name=cell.bias.name)
+    return net
+
+
+def chunked_two_layer_one_process(
+    x: np.ndarray, t: np.ndarray, steps: int
+) -> tuple[Any, list[float], list[np.ndarray]]:
+    """:func:`chunked_two_layer` (seed 0) trained ``steps`` SGD steps (lr 0.1) on the
+    squared error to ``t`` in this one process: the Cell, the losses, the last gradients."""
+    import mindspore as ms
+    from mindspore import Tensor, nn
+
+    ref = chunked_two_layer(0)
+    opt = nn.SGD(ref.trainable_params(), learning_rate=0.1)
+    vg = ms.value_and_grad(lambda a, b: ((ref(a) - b) ** 2).mean(), None, opt.parameters)
+    losses, grads = [], None
+    for _ in range(steps):
+        loss, grads = vg(Tensor(x), Tensor(t))
+        losses.append(float(loss.asnumpy()))
+        opt(grads)
+    return ref, losses, [g.asnumpy() for g in grads]
