@@ -44,10 +44,18 @@ def _pools_of(item: pytest.Item) -> set[str]:
     return set(getattr(item, "fixturenames", ())) & (set(_GLOO) | set(_MS))
 
 
+def _spawns(item: pytest.Item) -> bool:
+    """A test that starts ranks: a pool's, a fresh world's (tests/_fresh.py) or a
+    subprocess's (marked ``multiproc``)."""
+    return bool(_pools_of(item)) or item.get_closest_marker("multiproc") is not None
+
+
 def pytest_collection_modifyitems(session, config, items):  # noqa: ARG001
-    """Single-process tests first (in their collected order), then the others (in
-    theirs): the pools start while the first run."""
-    items.sort(key=lambda it: bool(_pools_of(it)))
+    """Single-process tests first (in their collected order), then the ones that start
+    ranks (in theirs): the pools start while the first run, and a test that starts a
+    fresh world with short timeouts (tests/dist/test_hang.py) does not compete with
+    that start-up."""
+    items.sort(key=_spawns)
 
 
 def pytest_collection_finish(session):
