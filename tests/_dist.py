@@ -15,6 +15,7 @@ import os
 import queue
 import socket
 import sys
+import threading
 import traceback
 from typing import Any
 
@@ -57,13 +58,41 @@ def _worker(
     dist.destroy_process_group()
 
 
+def warm(rank: int, world: int, calls: tuple[str, ...]) -> None:
+    """Build the op registry and call each ``"module:function"`` of ``calls`` (cached
+    loaders): what the first tests would pay."""
+    from hyper_shard.registry import get_registry
+
+    get_registry()
+    for c in calls:
+        mod, _, name = c.partition(":")
+        getattr(importlib.import_module(mod), name)()
+
+
 class DistPool:
-    """``world`` spawned gloo ranks that run functions ``fn(rank, world, *args)``."""
+    """``world`` spawned gloo ranks that run functions ``fn(rank, world, *args)``.
+
+    One call at a time (a lock): :meth:`warm_up` runs :func:`warm` from a background
+    thread while the session runs single-process tests, and the first test to use the
+    pool waits for it instead of paying the start-up itself.
+    """
 
     def __init__(self, world: int, env: dict | None = None) -> None:
         self.world = world
         self.env = dict(env or {})
+        self._lock = threading.Lock()
         self._start()
+
+    def warm_up(self, calls: tuple[str, ...] = ()) -> None:
+        """Start the ranks' start-up in the background: :func:`warm` (see the class)."""
+
+        def go() -> None:
+            try:
+                self.run(warm, calls, timeout=600)
+            except AssertionError:
+                pass  # a broken start-up: the first real call restarts the pool and says so
+
+        threading.Thread(target=go, name=f"warm-dist{self.world}", daemon=True).start()
 
     def _start(self) -> None:
         port = _free_port()
@@ -100,6 +129,10 @@ class DistPool:
             AssertionError: some rank raised (its traceback is in the message) or the
                 ranks did not finish within ``timeout`` seconds (the pool restarts).
         """
+        with self._lock:
+            return self._run(fn, args, timeout)
+
+    def _run(self, fn: Any, args: tuple, timeout: float) -> list[Any]:
         for q in self.tasks:
             q.put((fn.__module__, fn.__name__, args))
         out: dict[int, Any] = {}

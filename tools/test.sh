@@ -1,14 +1,62 @@
 #!/usr/bin/env bash
-# Set up .venv (fresh machine: only Python 3.11 and pip needed) and run the test suite.
+# Set up .venv (tools/setup.sh: once; fresh machine: only Python 3.11 and pip needed) and
+# run the test suite; prints pytest's summary, the time taken and one closing line.
 # Usage: bash tools/test.sh [pytest args...]
+#
+# Without a path among the arguments, the suite runs as two pytest sessions at once: the
+# MindSpore tests (tests/mindspore, their own pools of MindSpore ranks) and everything
+# else. Each MindSpore rank spends much of its time waiting (its start-up and teardown,
+# its collectives), which the other session's ranks fill; the two never share a process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
-fi
-# torch is pinned to the CPU wheel; MindSpore needs numpy 1.26.4 pinned in the same command;
-# the examples extra (transformers...) is there for the test that runs the main job
-.venv/bin/pip install -q torch==2.13.0 mindspore==2.10.0 numpy==1.26.4 -e ".[dev,examples,torch,mindspore]"
+bash tools/setup.sh
 export OMP_NUM_THREADS=1
-exec .venv/bin/python -m pytest -q "$@"
+start=$SECONDS
+PYTEST=(.venv/bin/python -m pytest -q)
+
+paths=0
+for a in "$@"; do
+  case "$a" in
+    -*) ;;
+    *) if [ -e "${a%%::*}" ]; then paths=1; fi ;;
+  esac
+done
+
+# "N passed, N failed..." of pytest's last line (0 when it has none)
+count() { { grep -Eo "[0-9]+ $2" "$1" || true; } | tail -1 | grep -Eo "^[0-9]+" || echo 0; }
+
+if [ "$paths" -eq 1 ] || [ ! -d tests/mindspore ]; then
+  rc=0
+  "${PYTEST[@]}" "$@" || rc=$?
+  echo "tests: pytest took $((SECONDS - start)) s"
+  if [ "$rc" -eq 5 ]; then  # pytest's "no tests collected": never a success, never silent
+    echo "tools/test.sh: no test was collected (pytest exit status 5); check the arguments" >&2
+    exit 1
+  fi
+  exit "$rc"
+fi
+
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+rc_ms=0
+"${PYTEST[@]}" "$@" tests/mindspore > "$logs/ms.txt" 2>&1 &
+ms_pid=$!
+rc_main=0
+"${PYTEST[@]}" "$@" --ignore=tests/mindspore 2>&1 | tee "$logs/main.txt" || rc_main=${PIPESTATUS[0]}
+wait "$ms_pid" || rc_ms=$?
+echo
+echo "---------------------------------------- tests/mindspore (run at the same time)"
+cat "$logs/ms.txt"
+echo "tests: pytest took $((SECONDS - start)) s (two sessions at once)"
+# exit 5 (no test collected) is fine for one session (e.g. -m "not mindspore"), not both
+if [ "$rc_main" -eq 5 ] && [ "$rc_ms" -eq 5 ]; then
+  echo "tools/test.sh: no test was collected (pytest exit status 5); check the arguments" >&2
+  exit 1
+fi
+[ "$rc_main" -eq 5 ] && rc_main=0
+[ "$rc_ms" -eq 5 ] && rc_ms=0
+n() { echo $(( $(count "$logs/main.txt" "$1") + $(count "$logs/ms.txt" "$1") )); }
+echo "tests: both sessions: $(n xfailed) xfailed, $(n "errors?") errors"
+echo "tests: $(n passed) passed, $(( $(n failed) + $(n "errors?") )) failed, $(n skipped) skipped"
+if [ "$rc_main" -ne 0 ]; then exit "$rc_main"; fi
+exit "$rc_ms"

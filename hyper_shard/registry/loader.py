@@ -125,8 +125,9 @@ class LoadedEntry:
 
 
 # ---------------------------------------------------------------------- YAML
-class _SpecLoader(yaml.SafeLoader):
-    """A safe loader that refuses duplicate keys (plain YAML silently keeps the last)."""
+class _SpecLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """A safe loader that refuses duplicate keys (plain YAML silently keeps the last);
+    libyaml's parser where PyYAML has it (the op specs load ~4x faster in every process)."""
 
 
 def _construct_mapping(loader: _SpecLoader, node: yaml.MappingNode, deep: bool = False) -> Any:

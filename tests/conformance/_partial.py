@@ -90,14 +90,26 @@ def dt_exact(
     placements: Sequence[Placement],
     seed: int = 0,
     requires_grad: bool = False,
+    cache: dict | None = None,
 ) -> Any:
     """A DTensor whose global value is ``t`` laid out by ``placements`` (as
     :func:`tests._helpers.dt_from_global`), Partial(sum) mesh dims holding an exact random
-    split of the value (see the module docstring).
+    split of the value (see the module docstring). ``cache``: a dict the caller keeps
+    across calls on the same unchanged ``t`` (the placement combinations of one sample):
+    each (placements, seed) local is cut once, every DTensor gets its own copy.
 
     Raises:
         ValueError: a Partial placement other than Partial(sum).
     """
+    if cache is not None:
+        key = (id(t), tuple(placements), seed)
+        hit = cache.get(key)
+        if hit is None or hit[0] is not t:
+            hit = cache[key] = (t, dt_exact(t, mesh, placements, seed).to_local())
+        out = DTensor.from_local(
+            hit[1].clone(), mesh, placements, shape=tuple(t.shape), stride=t.stride()
+        )
+        return out.detach().requires_grad_() if requires_grad else out
     pdims = [m for m, p in enumerate(placements) if isinstance(p, Partial)]
     for m in pdims:
         if placements[m].reduce_op != "sum":  # type: ignore[attr-defined]

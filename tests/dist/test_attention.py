@@ -3,7 +3,7 @@ inputs, forward and the gradients of query, key and value: every placement combi
 2 ranks (batch/heads/sequence/feature shards, Partial, uneven sizes), causal masks with a
 sequence-sharded query, grouped-query attention with consistent and inconsistent head
 splits, DTensor masks, dropout equal to torch's for the same seed, and a fixed sample on a
-(2, 2) mesh.
+(2, 2) mesh; public bug reports on attention (``report_*``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from hyper_shard import Partial, Replicate, Shard, distribute_tensor, init_device_mesh
 from hyper_shard.debug import comm_counter
-from tests._helpers import all_combos, check_op
+from tests._helpers import all_combos, assert_dtensor_close, check_op
+from tests._reports import reports
 
 pytestmark = pytest.mark.multiproc
 
@@ -184,3 +185,32 @@ def test_sdpa(fn, world, dist2, dist4):
 
 def test_sdpa_layouts(dist2):
     assert dist2.run(check_sdpa_no_comm_for_heads) == [1, 1]
+
+
+# ---------------------------------------------------------------------- bug reports
+def report_sdpa_decided_without_then_with_grad(rank, world):
+    """#134050: sdpa decided once without grad, then with grad (PyTorch's cache reused the
+    no-logsumexp decision: wrong gradients); mixed ``requires_grad``."""
+    mesh = init_device_mesh("cpu", (world,))
+    q, k, v = (_randn(2, 4, 6, 8, seed=3 + i) for i in range(3))
+    dq, dk, dv = (distribute_tensor(t, mesh, [Shard(1)]) for t in (q, k, v))
+    ref = sdpa(q, k, v, is_causal=True)
+    assert_dtensor_close(sdpa(dq, dk, dv, is_causal=True), ref, atol=1e-5, rtol=1e-4)
+    ins = [distribute_tensor(t, mesh, [Shard(1)]).requires_grad_() for t in (q, k, v)]
+    refs = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = sdpa(*ins, is_causal=True)
+    ro = sdpa(*refs, is_causal=True)
+    assert_dtensor_close(o, ro.detach(), atol=1e-5, rtol=1e-4)
+    (o * o).sum().backward()
+    (ro * ro).sum().backward()
+    for a, b in zip(ins, refs):
+        assert_dtensor_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)
+    dq2, rq2 = distribute_tensor(q, mesh, [Shard(1)]).requires_grad_(), q.clone().requires_grad_()
+    sdpa(dq2, dk, dv).sum().backward()
+    sdpa(rq2, k, v).sum().backward()
+    assert_dtensor_close(dq2.grad, rq2.grad, atol=1e-5, rtol=1e-4)
+
+
+@reports(report_sdpa_decided_without_then_with_grad)
+def test_reports(report, dist2):
+    dist2.run(report)

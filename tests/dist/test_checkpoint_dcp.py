@@ -16,7 +16,8 @@ protocol), and ``hyper_shard.checkpoint`` on top of it, on a (2, 2) mesh of 4 ra
 * Hugging Face: a tensor-parallel Llama saves a consolidated safetensors checkpoint that
   ``transformers.LlamaForCausalLM.from_pretrained`` loads in one process (same logits), and
   loads a ``save_pretrained`` checkpoint straight into its shards, each rank reading only
-  its slices.
+  its slices;
+* public bug reports on checkpoints (``report_*``, each naming its report).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests._reports import reports
 
 pytestmark = pytest.mark.multiproc
 
@@ -284,3 +287,42 @@ def test_hugging_face_round_trip(dist2, tmp_path: Path) -> None:
     for r in res:
         assert r["same"]
         assert r["read"] == r["local"] < total  # each rank read only its shards' slices
+
+
+# ---------------------------------------------------------------------- bug reports
+def report_empty_shards_saved_and_loaded(rank, world, tmp):
+    """#108869 / #150862: save (6,) and (5, 3) with empty shards (2, 2, 2, 0 / 2, 2, 1, 0
+    rows on 4 ranks), load into other layouts, with ``hyper_shard.checkpoint`` and with
+    DCP."""
+    import os
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    import hyper_shard.checkpoint as hc
+    from hyper_shard import Replicate, Shard, distribute_tensor, init_device_mesh
+    from tests._helpers import assert_close_any as _eq
+
+    mesh = init_device_mesh("cpu", (world,))
+    a, b = torch.arange(6.0), torch.arange(15.0).reshape(5, 3)
+    sd = {"a": distribute_tensor(a, mesh, [Shard(0)]), "b": distribute_tensor(b, mesh, [Shard(0)])}
+    hc.save(sd, os.path.join(tmp, "hc"))
+    dcp.save(sd, checkpoint_id=os.path.join(tmp, "dcp"))
+    for pa, pb in (([Replicate()], [Shard(1)]), ([Shard(0)], [Replicate()])):
+        for load in (
+            lambda s: hc.load(s, os.path.join(tmp, "hc")),
+            lambda s: dcp.load(s, checkpoint_id=os.path.join(tmp, "dcp")),
+        ):
+            tgt = {
+                "a": distribute_tensor(torch.zeros(6), mesh, pa),
+                "b": distribute_tensor(torch.zeros(5, 3), mesh, pb),
+            }
+            load(tgt)
+            _eq(tgt["a"], a)
+            _eq(tgt["b"], b)
+    dist.barrier()
+
+
+@reports(report_empty_shards_saved_and_loaded)
+def test_reports_mesh_of_4(report, dist4, tmp_path: Path) -> None:
+    dist4.run(report, str(tmp_path))

@@ -1,7 +1,8 @@
 """The public-API behaviours of PyTorch DTensor that code written for it relies on (issue 12):
 default meshes, torch meshes, sub-meshes, from_local/stride metadata, meta-device paths,
 plain one-element tensors, PyTorch's errors, out=, plan-key warnings, PrepareModuleInput,
-save/load and vmap — each against plain torch or against the error PyTorch raises."""
+save/load and vmap — each against plain torch or against the error PyTorch raises; public
+bug reports on device meshes (``report_*``)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from hyper_shard.parallel import (
     RowwiseParallel,
     parallelize_module,
 )
+from tests._reports import reports
 
 pytestmark = pytest.mark.multiproc
 
@@ -424,3 +426,36 @@ def check_save_load_and_vmap(rank, world, tmp):
 
 def test_save_load_and_vmap(dist2, tmp_path):
     assert dist2.run(check_save_load_and_vmap, str(tmp_path)) == [True, True]
+
+
+# ---------------------------------------------------------------------- bug reports
+def report_sub_mesh_groups_and_slicing(rank, world):
+    """PR #118614 (fixed here): ``get_group()`` on a rank outside a sub-mesh
+    (``DeviceMesh("cpu", [0, 2])`` on ranks 1 and 3) raised an AttributeError; it is
+    ``None`` there, a working group inside; #143194 / #126530: a sub-mesh of a sub-mesh
+    and n-d slicing; fixed here: a mesh dim by index (``mesh[-1]``, #143194's program)
+    raised "'int' object is not iterable"."""
+    from hyper_shard import init_device_mesh
+    from tests._helpers import assert_close_any as _eq
+
+    sm = DeviceMesh("cpu", [0, 2])
+    grp = sm.get_group()
+    if rank in (1, 3):
+        assert grp is None and sm.get_coordinate() is None
+    else:
+        ones = torch.ones(2)
+        torch.distributed.all_reduce(ones, group=grp)
+        _eq(ones, torch.full((2,), 2.0))
+    root = init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=("a", "b", "c"))
+    sub = root["a", "c"]
+    assert tuple(sub.shape) == (2, 2)
+    a4 = torch.arange(8.0).reshape(4, 2)
+    _eq(distribute_tensor(a4, sub, [Shard(0), Shard(1)]), a4)
+    for last in (sub["c"], sub[-1], root[2]):
+        assert last.mesh_dim_names == ("c",) and last.size() == 2
+        _eq(distribute_tensor(torch.arange(4.0), last, [Shard(0)]), torch.arange(4.0))
+
+
+@reports(report_sub_mesh_groups_and_slicing)
+def test_reports_mesh_of_4(report, dist4):
+    dist4.run(report)

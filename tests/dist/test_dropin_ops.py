@@ -2,7 +2,8 @@
 dist, vector_norm and _foreach_norm through aten, eigh/svd, interpolate, embedding with
 max_norm on a row-sharded table, cross_entropy on class-sharded logits outside
 loss_parallel(), and the small views/queries that come with them — values and gradients
-against plain torch on the same global tensors (tests/_helpers.check_op)."""
+against plain torch on the same global tensors (tests/_helpers.check_op); public bug
+reports on convolutions and image ops (``report_*``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import torch.nn.functional as F
 import hyper_shard as hs
 from hyper_shard import DTensor, Partial, Replicate, Shard, distribute_tensor
 from hyper_shard.errors import OpNotRegisteredError
+from tests._helpers import assert_close_any as _eq
 from tests._helpers import check_op
+from tests._reports import reports
 
 pytestmark = pytest.mark.multiproc
 
@@ -378,3 +381,88 @@ def check_nn_ops(rank, world):
 
 def test_nn_ops(dist2):
     assert min(dist2.run(check_nn_ops)) >= 30
+
+
+# ---------------------------------------------------------------------- bug reports
+def _rep(t, mesh):
+    return distribute_tensor(t, mesh, [R])
+
+
+def report_conv_input_gradients(rank, world):
+    """#191926: Conv2d's ``grad_input`` placement with the input sharded on the width (it
+    came back ``Shard(0)`` in PyTorch 2.13); kernel == stride keeps the width shards;
+    #159959: double backward through a distributed conv (a gradient penalty)."""
+    from hyper_shard.parallel import distribute_module
+
+    mesh = hs.init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    conv, rconv = torch.nn.Conv2d(3, 8, 4, 4), torch.nn.Conv2d(3, 8, 4, 4)
+    rconv.load_state_dict(conv.state_dict())
+    distribute_module(conv, mesh)
+    img = _r(2, 3, 8, 16, seed=0)
+    for pl in (Shard(3), Shard(2), Shard(0)):
+        d, r = distribute_tensor(img, mesh, [pl]).requires_grad_(), img.clone().requires_grad_()
+        o, ro = conv(d), rconv(r)
+        _eq(o, ro.detach(), atol=1e-5, rtol=1e-4)
+        o.sum().backward()
+        ro.sum().backward()
+        assert d.grad.placements == (pl,)
+        _eq(d.grad, r.grad, atol=1e-5, rtol=1e-4)
+    for a, b in zip(conv.parameters(), rconv.parameters()):
+        _eq(a.grad, b.grad, atol=1e-4, rtol=1e-4)
+    c1, rc1 = torch.nn.Conv2d(1, 1, 1), torch.nn.Conv2d(1, 1, 1)
+    rc1.load_state_dict(c1.state_dict())
+    distribute_module(c1, mesh)
+    xi = _r(4, 1, 4, 4, seed=1)
+    d, r = distribute_tensor(xi, mesh, [Shard(0)]).requires_grad_(), xi.clone().requires_grad_()
+    o, ro = c1(d), rc1(r)
+    (gx,) = torch.autograd.grad(o.sum(), d, create_graph=True)
+    (rgx,) = torch.autograd.grad(ro.sum(), r, create_graph=True)
+    _eq(gx, rgx.detach())
+    (o.pow(2).sum() + gx.pow(2).sum()).backward()
+    (ro.pow(2).sum() + rgx.pow(2).sum()).backward()
+    for a, b in zip(c1.parameters(), rc1.parameters()):
+        _eq(a.grad, b.grad, atol=1e-4, rtol=1e-4)
+
+
+def report_image_ops_without_a_strategy(rank, world):
+    """Unregistered here before (fixed): ``nn.functional.unfold`` / ``fold`` (im2col /
+    col2im; PR #177336 gave them strategies): the batch dim keeps its shard, backward; and
+    from #119930 (PyTorch's tracking issue of ops with no DTensor strategy)
+    ``grid_sample`` and ``affine_grid``."""
+    mesh = hs.init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(2)
+    img = torch.randn(4, 3, 6, 6, generator=g)
+    for pl, kw in ((Shard(0), {}), (Shard(1), {"padding": 1, "stride": 2}), (Shard(2), {})):
+        d, r = distribute_tensor(img, mesh, [pl]).requires_grad_(), img.clone().requires_grad_()
+        o, ro = F.unfold(d, 3, **kw), F.unfold(r, 3, **kw)
+        _eq(o, ro.detach())
+        back, rback = F.fold(o, (6, 6), 3, **kw), F.fold(ro, (6, 6), 3, **kw)
+        _eq(back, rback.detach())
+        (back * back).sum().backward()
+        (rback * rback).sum().backward()
+        _eq(d.grad, r.grad, atol=1e-5, rtol=1e-4)
+    assert F.unfold(distribute_tensor(img, mesh, [Shard(0)]), 2).placements == (Shard(0),)
+    img = torch.randn(4, 4, 6, 6, generator=g)
+    grid = torch.rand(4, 3, 3, 2, generator=g) * 2 - 1
+    for pi, pg in ((Shard(0), Shard(0)), (Shard(1), Replicate())):
+        d, r = distribute_tensor(img, mesh, [pi]).requires_grad_(), img.clone().requires_grad_()
+        dg = distribute_tensor(grid, mesh, [pg])
+        o = F.grid_sample(d, dg, align_corners=True, padding_mode="border")
+        ro = F.grid_sample(r, grid, align_corners=True, padding_mode="border")
+        _eq(o, ro.detach(), atol=1e-5, rtol=1e-4)
+        assert o.placements == (pi,)
+        (o * o).sum().backward()
+        (ro * ro).sum().backward()
+        _eq(d.grad, r.grad, atol=1e-5, rtol=1e-4)
+    theta = torch.eye(2, 3).expand(4, 2, 3) + 0.1 * torch.randn(4, 2, 3, generator=g)
+    ptheta = DTensor.from_local(theta / world, mesh, [Partial()])
+    _eq(
+        F.affine_grid(ptheta, [4, 1, 3, 3], align_corners=False),
+        F.affine_grid(theta, [4, 1, 3, 3], align_corners=False),
+    )
+
+
+@reports(report_conv_input_gradients, report_image_ops_without_a_strategy)
+def test_reports(report, dist2):
+    dist2.run(report)

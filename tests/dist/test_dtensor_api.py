@@ -1,4 +1,5 @@
-"""The DTensor API on real gloo ranks, against plain torch on the same inputs."""
+"""The DTensor API on real gloo ranks, against plain torch on the same inputs; public bug
+reports on it (``report_*``, each naming its report)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from hyper_shard import (
     distribute_tensor,
     init_device_mesh,
 )
+from tests._reports import reports
 
 pytestmark = pytest.mark.multiproc
 
@@ -320,3 +322,120 @@ def check_save_load(rank, world, tmp):
 
 def test_save_load(dist2, tmp_path):
     assert dist2.run(check_save_load, str(tmp_path)) == [True, True]
+
+
+# ---------------------------------------------------------------------- bug reports
+def report_to_local_from_local_partial(rank, world):
+    """Issue 4, case 10 (a public PyTorch DTensor report): ``to_local()`` then
+    ``DTensor.from_local(..., [Partial()])`` keeps the gradients; a leaf local tensor
+    wrapped as Partial receives the whole gradient, as in torch."""
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 6, generator=g), torch.randn(6, 3, generator=g)
+    w = torch.randn(4, 3, generator=g)
+    # plain torch: loss = sum(((a @ b) * 2) * w)
+    ra, rb = a.clone().requires_grad_(), b.clone().requires_grad_()
+    ((ra @ rb) * 2 * w).sum().backward()
+    da = distribute_tensor(a, mesh, [Shard(1)]).detach().requires_grad_()
+    db = distribute_tensor(b, mesh, [Shard(0)]).detach().requires_grad_()
+    p = da @ db  # contracted dim sharded: Partial(sum)
+    assert p.placements == (Partial(),)
+    local = p.to_local()  # each rank's addend
+    q = DTensor.from_local(local * 2, mesh, [Partial()], shape=(4, 3), stride=(3, 1))
+    loss = (q.full_tensor() * w).sum()
+    loss.backward()
+    assert da.grad is not None and db.grad is not None
+    torch.testing.assert_close(da.grad.full_tensor(), ra.grad)
+    torch.testing.assert_close(db.grad.full_tensor(), rb.grad)
+    leaf = (torch.tensor([1.0, 3.0]) if rank == 0 else torch.tensor([2.0, 1.0])).requires_grad_()
+    x = DTensor.from_local(leaf, mesh, [Partial()])
+    y = DTensor.from_local(x.to_local() * 3, mesh, [Partial()])
+    (y.full_tensor() ** 2).sum().backward()
+    ref = torch.tensor([3.0, 4.0], requires_grad=True)
+    ((ref * 3) ** 2).sum().backward()
+    torch.testing.assert_close(leaf.grad, ref.grad)
+
+
+def report_from_local_shards_that_are_not_chunks(rank, world):
+    """Issue 4, case 9: ``from_local`` ``Shard(1)`` with local widths 2 and 3 and
+    ``shape=(2, 5)``: ``torch.chunk`` gives widths 3 and 2, so the shards do not describe
+    that tensor: a clear error on every rank (never silent garbage); #144109: shards that
+    are not ``torch.chunk``'s layout gave a silently wrong ``full_tensor()`` in PyTorch;
+    #110762: ``from_local`` of ``torch.chunk`` shards infers the uneven global shape."""
+    mesh = init_device_mesh("cpu", (world,))
+    full = torch.arange(10, dtype=torch.float32).reshape(2, 5)
+    wrong = full[:, :2] if rank == 0 else full[:, 2:]  # widths 2 and 3
+    with pytest.raises(ValueError, match="torch.chunk"):
+        DTensor.from_local(wrong, mesh, [Shard(1)], shape=(2, 5), stride=(5, 1))
+    with pytest.raises(ValueError, match="torch.chunk"):
+        DTensor.from_local(wrong, mesh, [Shard(1)])  # inferred shape: refused too
+    right = torch.chunk(full, world, 1)[rank]  # widths 3 and 2
+    d = DTensor.from_local(right, mesh, [Shard(1)], shape=(2, 5), stride=(5, 1))
+    assert torch.equal(d.full_tensor(), full)
+    loc = torch.arange(2.0 * (2 + rank)).reshape(2, 2 + rank)
+    with pytest.raises(ValueError, match="not the torch.chunk layout"):
+        DTensor.from_local(loc, mesh, [Shard(1)])
+    full = torch.arange(10.0).reshape(5, 2)
+    d = DTensor.from_local(full.chunk(world, 0)[rank], mesh, [Shard(0)])
+    assert tuple(d.shape) == (5, 2)
+    torch.testing.assert_close(d.full_tensor(), full)
+
+
+def report_partial_gradients_through_local_tensors(rank, world):
+    """#175867: ``from_local(grad_placements=[Partial()])`` keeps the gradient partial;
+    #172932: ``to_local()`` + ``from_local(Partial)`` gives the gradient of the direct path;
+    #144054: ``item()`` / ``float()`` of a Partial reduction is the global value."""
+    mesh = init_device_mesh("cpu", (world,))
+    leaf3 = torch.ones(3, requires_grad=True)
+    x3 = DTensor.from_local(leaf3, mesh, [Replicate()], grad_placements=[Partial()])
+    (x3 * distribute_tensor(torch.tensor([1.0, 2.0, 3.0]), mesh, [Replicate()])).sum().backward()
+    tot = leaf3.grad.clone()
+    torch.distributed.all_reduce(tot)
+    torch.testing.assert_close(tot, torch.tensor([1.0, 2.0, 3.0]))
+    base = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    grads = []
+    for via_local in (False, True):
+        d = distribute_tensor(base, mesh, [Shard(0)]).requires_grad_()
+        s = (d * 2).sum()
+        assert s.placements == (Partial(),)
+        if via_local:
+            s = DTensor.from_local(s.to_local(), mesh, [Partial()])
+        (s * 3).full_tensor().backward()
+        grads.append(d.grad.full_tensor())
+    torch.testing.assert_close(grads[0], torch.full((4,), 6.0))
+    torch.testing.assert_close(grads[1], grads[0])
+    s = distribute_tensor(torch.arange(8.0).reshape(4, 2), mesh, [Shard(0)]).sum()
+    assert s.placements == (Partial(),) and s.item() == 28.0 and float(s) == 28.0
+
+
+def report_detach_in_place(rank, world):
+    """#167917 (fixed here): ``aten.detach_.default`` on a DTensor; ``x.detach_()`` of any
+    op's result raised "Can't detach views in-place" (the DTensor is an alias of its local
+    result) and the aten overloads ``detach_`` / ``detach`` were unbound."""
+    mesh = init_device_mesh("cpu", (world,))
+    t = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
+    for pl in (Shard(0), Shard(1), Replicate()):
+        d = distribute_tensor(t, mesh, [pl]).requires_grad_()
+        e = d * 2
+        assert e.detach_() is e
+        assert not e.requires_grad and e.grad_fn is None and e.placements == (pl,)
+        torch.testing.assert_close(e.full_tensor(), t * 2)
+        f = torch.ops.aten.detach_.default(d * 3)
+        assert not f.requires_grad
+        torch.testing.assert_close(f.full_tensor(), t * 3)
+        g = torch.ops.aten.detach.default(d)
+        assert not g.requires_grad and g.placements == (pl,)
+        torch.testing.assert_close(g.full_tensor(), t)
+        leaf = distribute_tensor(t, mesh, [pl]).requires_grad_()
+        leaf.detach_()
+        assert not leaf.requires_grad and leaf.is_leaf
+
+
+@reports(
+    report_to_local_from_local_partial,
+    report_from_local_shards_that_are_not_chunks,
+    report_partial_gradients_through_local_tensors,
+    report_detach_in_place,
+)
+def test_reports(report, dist2):
+    dist2.run(report)

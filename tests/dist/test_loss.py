@@ -5,7 +5,8 @@ combination on 2 ranks and a fixed sample on a (2, 2) mesh; reductions none/sum/
 label smoothing, K-dimensional inputs, class-probability targets; class-sharded logits
 gathered outside loss_parallel() (as PyTorch) and computed vocab-parallel inside it; log_softmax used
 alone on class-sharded logits (PyTorch DTensor's loss_parallel gets its gradient wrong);
-the switch's nesting and thread isolation.
+the switch's nesting and thread isolation; public bug reports on losses (``report_*``,
+each naming its report).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from hyper_shard import (
 from hyper_shard.parallel import loss_parallel
 from hyper_shard.parallel.loss import loss_parallel_enabled
 from tests._helpers import all_combos, check_op
+from tests._helpers import assert_close_any as _eq
+from tests._reports import reports
 
 pytestmark = pytest.mark.multiproc
 
@@ -299,3 +302,78 @@ def test_loss_parallel_switch_nests_and_is_thread_local():
         with loss_parallel():
             raise RuntimeError("boom")
     assert not loss_parallel_enabled()  # reset on error too
+
+
+# ---------------------------------------------------------------------- bug reports
+def _rep(t, mesh):
+    return distribute_tensor(t, mesh, [R] * mesh.ndim)
+
+
+def report_vocab_parallel_cross_entropy_options(rank, world):
+    """NVIDIA/Megatron-LM#737: vocab-parallel cross-entropy with label smoothing,
+    ``ignore_index`` and class weights."""
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    logits, tgt = torch.randn(6, 10), torch.tensor([1, 9, -100, 3, 0, 5])
+    cw = torch.rand(10) + 0.5
+    for kw in ({"label_smoothing": 0.2}, {"weight": cw, "label_smoothing": 0.3}):
+        dl = distribute_tensor(logits, mesh, [Shard(1)]).requires_grad_()
+        kw2 = {k: (_rep(v, mesh) if k == "weight" else v) for k, v in kw.items()}
+        with loss_parallel():
+            loss = F.cross_entropy(dl, _rep(tgt, mesh), **kw2)
+            loss.backward()
+        rl = logits.clone().requires_grad_()
+        rloss = F.cross_entropy(rl, tgt, **kw)
+        rloss.backward()
+        _eq(loss.full_tensor(), rloss.detach())
+        _eq(dl.grad, rl.grad)
+
+
+def report_log_softmax_not_consumed_by_a_loss(rank, world):
+    """#190746: inside ``loss_parallel()``, a ``log_softmax`` not consumed by
+    ``cross_entropy`` got an identity gradient in PyTorch (DPO-style
+    ``(log_softmax(x) * w).sum()``)."""
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(1)
+    lg, wt = torch.randn(4, 16, generator=g), torch.randn(4, 16, generator=g)
+    dl, rl = distribute_tensor(lg, mesh, [Shard(1)]).requires_grad_(), lg.clone().requires_grad_()
+    with loss_parallel():
+        (F.log_softmax(dl, -1) * distribute_tensor(wt, mesh, [Shard(1)])).sum().backward()
+    (F.log_softmax(rl, -1) * wt).sum().backward()
+    _eq(dl.grad, rl.grad, atol=1e-5, rtol=1e-4)
+
+
+def report_weighted_mean_over_batch_shards(rank, world):
+    """#185167: ``nll_loss(weight=, reduction="mean")`` over a batch-sharded input took the
+    mean of per-shard weighted means (the weights' sums differ between the shards); the
+    same through ``cross_entropy``, with ignored targets and label smoothing."""
+    mesh = init_device_mesh("cpu", (world,))
+    x = torch.randn(8, 5, generator=torch.Generator().manual_seed(0)).log_softmax(-1)
+    tgt = torch.tensor([0, 0, 0, 1, 2, 3, 4, 4])
+    w = torch.rand(5, generator=torch.Generator().manual_seed(1)) + 0.1
+    for red in ("mean", "sum", "none"):
+        dx, rx = distribute_tensor(x, mesh, [Shard(0)]).requires_grad_(), x.clone().requires_grad_()
+        o = F.nll_loss(dx, _rep(tgt, mesh), weight=_rep(w, mesh), reduction=red)
+        ro = F.nll_loss(rx, tgt, weight=w, reduction=red)
+        _eq(o, ro.detach())
+        o.sum().backward()
+        ro.sum().backward()
+        _eq(dx.grad, rx.grad)
+        dt = distribute_tensor(tgt, mesh, [Shard(0)])
+        ce = F.cross_entropy(dx.detach(), dt, weight=_rep(w, mesh), reduction=red)
+        _eq(ce, F.cross_entropy(x, tgt, weight=w, reduction=red))
+    ign = tgt.clone()
+    ign[:3] = -100
+    di = distribute_tensor(ign, mesh, [Shard(0)])
+    dx = distribute_tensor(x, mesh, [Shard(0)])
+    _eq(F.cross_entropy(dx, di, weight=_rep(w, mesh)), F.cross_entropy(x, ign, weight=w))
+    _eq(F.cross_entropy(dx, di, label_smoothing=0.1), F.cross_entropy(x, ign, label_smoothing=0.1))
+
+
+@reports(
+    report_vocab_parallel_cross_entropy_options,
+    report_log_softmax_not_consumed_by_a_loss,
+    report_weighted_mean_over_batch_shards,
+)
+def test_reports(report, dist2):
+    dist2.run(report)

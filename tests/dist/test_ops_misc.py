@@ -1,7 +1,7 @@
 """The misc family (op_specs/misc.yaml) on real gloo ranks against plain torch: Tensor.to,
 the *_like factories, dtype queries, and lerp/addcmul/addcdiv (the single-tensor AdamW
 update), forward and backward, every placement combination on 2 ranks and a fixed sample on
-a (2, 2) mesh."""
+a (2, 2) mesh; public bug reports on casts, comparisons and ranges (``report_*``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,19 @@ import random
 import pytest
 import torch
 
-from hyper_shard import DTensor, Partial, Replicate, ShardingError, init_device_mesh
+from hyper_shard import (
+    DTensor,
+    Partial,
+    Replicate,
+    Shard,
+    ShardingError,
+    distribute_tensor,
+    init_device_mesh,
+)
 from tests._helpers import all_combos, check_op, dt_from_global
+from tests._helpers import assert_close_any as _eq
+from tests._helpers import replicate as _rep
+from tests._reports import reports
 
 pytestmark = pytest.mark.multiproc
 
@@ -127,3 +138,39 @@ def test_misc_ops(check, world, dist2, dist4):
     pool = dist2 if world == 2 else dist4
     counts = pool.run(check)
     assert counts[0] > 0 and len(set(counts)) == 1
+
+
+# ---------------------------------------------------------------------- bug reports
+def report_casts_of_partial_values(rank, world):
+    """#172684 / PR #172696: a dtype cast of Partial(sum) to int / bool kept Partial in
+    PyTorch (``trunc(a) + trunc(b) != trunc(a + b)``); ``round`` too."""
+    mesh = init_device_mesh("cpu", (world,))
+    q = DTensor.from_local(
+        torch.tensor([0.6, 1.5]) if rank == 0 else torch.tensor([0.6, 1.7]), mesh, [Partial()]
+    )
+    qf = torch.tensor([1.2, 3.2])
+    _eq(q.to(torch.int64), qf.to(torch.int64))
+    _eq(q.to(torch.bool), qf.to(torch.bool))
+    _eq(q.round(), qf.round())
+
+
+def report_allclose_and_ranges_with_dtensor_ends(rank, world):
+    """PR #177336 gave ``torch.allclose`` and ``torch.linspace`` / ``logspace`` with tensor
+    ends strategies; hyper_shard raised OpNotRegisteredError (fixed here): ``allclose`` of
+    equal shapes shard by shard (an AND over the mesh), broadcast shapes whole; 0-d DTensor
+    ends (a Partial one reduced first)."""
+    mesh = init_device_mesh("cpu", (world,))
+    t = torch.randn(5, 6, generator=torch.Generator().manual_seed(2))
+    d0, d1 = distribute_tensor(t, mesh, [Shard(0)]), distribute_tensor(t, mesh, [Shard(1)])
+    assert torch.allclose(d0, d1) is True
+    assert torch.allclose(d0, distribute_tensor(t + 1e-3, mesh, [Shard(1)])) is False
+    assert torch.allclose(d0, _rep(t[0], mesh)) == torch.allclose(t, t[0])
+    assert d0.allclose(d1, rtol=0.0, atol=0.0)
+    end = DTensor.from_local(torch.tensor(1.0 / world), mesh, [Partial()])
+    _eq(torch.linspace(_rep(torch.tensor(0.0), mesh), end, 5), torch.linspace(0.0, 1.0, 5))
+    _eq(torch.logspace(0.0, end * 2, 4, base=3.0), torch.logspace(0.0, 2.0, 4, base=3.0))
+
+
+@reports(report_casts_of_partial_values, report_allclose_and_ranges_with_dtensor_ends)
+def test_reports(report, dist2):
+    dist2.run(report)

@@ -1,7 +1,8 @@
 """Reductions on real gloo ranks against plain torch on the same global input (forward and
 backward): sharded and unsharded reduced dims, uneven and empty shards (dims of sizes 5, 3
 and 1 on 2 ranks and on a (2, 2) mesh), Partial inputs, keepdim both ways, negative and
-tuple dims, dtype=, and the regressions the rule exists for.
+tuple dims, dtype=, and the regressions the rule exists for; public bug reports on
+reductions, scans and sorts (``report_*``, each naming its report).
 """
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ import random
 import pytest
 import torch
 
-from hyper_shard import DTensor, Partial, Replicate, Shard, init_device_mesh
+from hyper_shard import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh
 from tests._helpers import all_combos, assert_dtensor_close, check_op, dt_from_global
+from tests._helpers import assert_close_any as _eq
+from tests._helpers import replicate as _rep
+from tests._reports import reports
 
 pytestmark = pytest.mark.multiproc
 
@@ -233,3 +237,200 @@ def test_regressions(world, dist2, dist4):
 
 def test_errors(dist2):
     _run(dist2, check_errors)
+
+
+# ---------------------------------------------------------------------- bug reports
+def _pair(got, ref, **kw):
+    for a, b in zip(got, ref):
+        _eq(a, b, **kw)
+
+
+def report_gradient_of_tied_extrema(rank, world):
+    """#41779: ``amax`` / ``max()`` over a sharded dim split the gradient of ties per rank,
+    then per shard; now evenly over every tied element, as torch (fixed here). Ties of the
+    maximum on both ranks (rows 0 and 3 hold 9)."""
+    mesh = init_device_mesh("cpu", (world,))
+    a = torch.tensor([[9.0, 2.0, 9.0], [-2.0, -3.0, -4.0], [7.0, 8.0, -9.0], [1.0, 0.0, 9.0]])
+    fns = (
+        lambda t: t.amax(),
+        lambda t: torch.amax(t, dim=0).sum(),
+        lambda t: t.max(),
+        lambda t: t.min(),
+        lambda t: torch.linalg.vector_norm(t, float("inf")),
+    )
+    for pl in (Shard(0), Shard(1)):
+        for fn in fns:
+            d = distribute_tensor(a, mesh, [pl]).requires_grad_()
+            r = a.clone().requires_grad_()
+            out, ref = fn(d), fn(r)
+            _eq(out.full_tensor(), ref.detach())
+            out.backward()
+            ref.backward()
+            _eq(d.grad, r.grad)
+
+
+def report_static_int_vs_dtensor_in_the_cache_key(rank, world):
+    """A stale decision (the class of #147180, #153603, #159289; fixed here): ``torch.max(x,
+    y)`` after ``torch.max(x, 1)`` returned the reduction, because a spec id in the layout
+    cache key equalled the static int ``1``; the same for min and a list index."""
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(5, 3, 1, generator=g), torch.randn(5, 3, 1, generator=g)
+    dx, dy = _rep(x, mesh), _rep(y, mesh)
+    for k in range(4):  # whatever ids the specs got, ints 0..3 then DTensors
+        for fn in (torch.max, torch.min):
+            v, _ = fn(dx, k % 3)
+            _eq(v, fn(x, k % 3)[0])
+            _eq(fn(dx, dy), fn(x, y))
+
+
+def report_means_and_indices(rank, world):
+    """#162692: mean of an uneven ``Shard(0)`` (3, 4) was the mean of the local means;
+    (1, 4) gave NaN; #168940 / PR #175776: ``max.dim`` over a sharded dim returned local
+    indices, and a ``Partial("max")`` input must not give ``Partial("max")`` indices;
+    #167072 / PR #173936: ``argmax`` / ``argmin`` over a sharded dim."""
+    mesh = init_device_mesh("cpu", (world,))
+    for n in (3, 1):
+        u = torch.arange(4.0 * n).reshape(n, 4)
+        d = distribute_tensor(u, mesh, [Shard(0)])
+        _eq(d.mean(), u.mean())
+        _eq(d.mean(0), u.mean(0))
+        _eq(torch.var(d, 1), torch.var(u, 1))
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+    for pl in (Shard(1), Shard(0)):
+        d = distribute_tensor(x, mesh, [pl])
+        _pair(torch.max(d, dim=1), torch.max(x, dim=1))
+        _pair(torch.min(d, dim=1), torch.min(x, dim=1))
+    pmax = DTensor.from_local(x.clone() if rank == 0 else x - 5, mesh, [Partial("max")])
+    _pair(torch.max(pmax, dim=1), torch.max(x, dim=1))
+    v = torch.tensor([10.0, 5, 3, 8])
+    dv = distribute_tensor(v, mesh, [Shard(0)])
+    _eq(torch.argmax(dv), torch.argmax(v))
+    _eq(torch.argmin(dv, 0, keepdim=True), torch.argmin(v, 0, keepdim=True))
+
+
+def report_reductions_of_partial_values(rank, world):
+    """PR #159856: ``vector_norm`` of a Partial(sum) was the sum of the local norms (and
+    ``_foreach_norm``); PR #165962: ``max`` / ``min`` / ``prod`` of a Partial(sum) reduced
+    the addends, not the value."""
+    mesh = init_device_mesh("cpu", (world,))
+    loc = torch.tensor([1.0, 3.0]) if rank == 0 else torch.tensor([2.0, 1.0])
+    full = torch.tensor([3.0, 4.0])
+    p = DTensor.from_local(loc, mesh, [Partial()])
+    for o in (2, 1, float("inf")):
+        _eq(torch.linalg.vector_norm(p, o), torch.linalg.vector_norm(full, o))
+    _eq(torch._foreach_norm([p])[0], full.norm())
+    pl_ = (
+        torch.tensor([[1.0, -3.0], [2.0, 0.5]])
+        if rank == 0
+        else torch.tensor([[-2.0, 4.0], [1.0, -2.5]])
+    )
+    pf = torch.tensor([[-1.0, 1.0], [3.0, -2.0]])
+    pp = DTensor.from_local(pl_, mesh, [Partial()])
+    for got, ref in ((pp.max(), pf.max()), (pp.min(), pf.min()), (pp.amax(0), pf.amax(0))):
+        _eq(got, ref)
+    _eq(pp.prod(), pf.prod())
+    _eq(pp.abs().sum(), pf.abs().sum())
+
+
+def report_statistics_sorts_and_norms(rank, world):
+    """PR #163879 / PR #168057 / PR #167547: ``logsumexp``, ``std``, ``var_mean`` over
+    sharded dims; PR #159189: ``sort`` / ``topk`` along and across the sharded dim; #131992:
+    ``vector_norm`` of a ``Shard(0)`` DTensor is the global norm, bit-equal on every rank;
+    #147578: ``aten.amax.default`` (float8 rowwise scaling), ``amin``, backward."""
+    mesh = init_device_mesh("cpu", (world,))
+    z = torch.randn(5, 6, generator=torch.Generator().manual_seed(0))
+    for pl in (Shard(0), Shard(1)):
+        d = distribute_tensor(z, mesh, [pl])
+        _eq(torch.logsumexp(d, (0, 1)), torch.logsumexp(z, (0, 1)))
+        _eq(d.std(), z.std())
+        _pair(torch.var_mean(d, 0), torch.var_mean(z, 0))
+        for dim in (0, 1):
+            _pair(torch.sort(d, dim), torch.sort(z, dim))
+            _pair(torch.topk(d, 2, dim), torch.topk(z, 2, dim))
+    n = torch.linalg.vector_norm(distribute_tensor(z, mesh, [Shard(0)])).full_tensor()
+    every = [torch.zeros(()) for _ in range(world)]
+    torch.distributed.all_gather(every, n)
+    assert all(torch.equal(e, every[0]) for e in every)
+    _eq(n, torch.linalg.vector_norm(z))
+    y = torch.randn(5, 6, generator=torch.Generator().manual_seed(7))
+    for pl in (Shard(0), Shard(1)):
+        d, r = distribute_tensor(y, mesh, [pl]).requires_grad_(), y.clone().requires_grad_()
+        _eq(torch.amax(d, dim=-1, keepdim=True), torch.amax(y, dim=-1, keepdim=True))
+        _eq(torch.ops.aten.amax.default(d, [0]), torch.amax(y, 0))
+        _eq(d.abs().amax(), y.abs().amax())
+        _eq(torch.amin(d, (0, 1)), y.amin((0, 1)))
+        torch.amax(d, 1).sum().backward()
+        torch.amax(r, 1).sum().backward()
+        _eq(d.grad, r.grad)
+
+
+def report_scan_gradients(rank, world):
+    """#185362: ``cumprod`` / ``cummax`` / ``cummin`` backward on the sharded dim raised
+    (and ``logcumsumexp``); a zero row on the shard boundary."""
+    mesh = init_device_mesh("cpu", (world,))
+    x = torch.rand(12, 8, generator=torch.Generator().manual_seed(1)) + 0.1
+    x[6].zero_()
+    for op in ("cumprod", "cummax", "cummin", "logcumsumexp"):
+        d, r = distribute_tensor(x, mesh, [Shard(0)]).requires_grad_(), x.clone().requires_grad_()
+        od, orr = getattr(torch, op)(d, dim=0), getattr(torch, op)(r, dim=0)
+        if isinstance(orr, tuple):
+            _eq(od[1], orr[1])
+            od, orr = od[0], orr[0]
+        _eq(od, orr.detach())
+        od.sum().backward()
+        orr.sum().backward()
+        _eq(d.grad, r.grad)
+
+
+def report_histogram(rank, world):
+    """PR #177336 gave ``torch.histogram`` a strategy; hyper_shard raised
+    OpNotRegisteredError (fixed here): int bins, tensor bins, range and weight."""
+    mesh = init_device_mesh("cpu", (world,))
+    flat = torch.randn(5, 6, generator=torch.Generator().manual_seed(2)).flatten()
+    df = distribute_tensor(flat, mesh, [Shard(0)])
+    _pair(torch.histogram(df, 4), torch.histogram(flat, 4))
+    edges = torch.tensor([-2.0, -0.5, 0.0, 0.7, 2.5])
+    _pair(torch.histogram(df, _rep(edges, mesh)), torch.histogram(flat, edges))
+    _pair(
+        torch.histogram(df, 3, range=(-1.0, 1.0), weight=df.abs()),
+        torch.histogram(flat, 3, range=(-1.0, 1.0), weight=flat.abs()),
+    )
+
+
+@reports(
+    report_gradient_of_tied_extrema,
+    report_static_int_vs_dtensor_in_the_cache_key,
+    report_means_and_indices,
+    report_reductions_of_partial_values,
+    report_statistics_sorts_and_norms,
+    report_scan_gradients,
+    report_histogram,
+)
+def test_reports(report, dist2):
+    dist2.run(report)
+
+
+def report_empty_shards_on_4_ranks(rank, world):
+    """#162692 with empty shards: the mean of (1, 4) and (3, 4) over 4 ranks, backward;
+    PR #159189 with empty shards: ``topk`` with k above the local size, ``max.dim``."""
+    mesh = init_device_mesh("cpu", (world,))
+    for n in (1, 3):
+        u = torch.arange(4.0 * n).reshape(n, 4)
+        d = distribute_tensor(u, mesh, [Shard(0)]).requires_grad_()
+        r = u.clone().requires_grad_()
+        _eq(d.mean(), u.mean())
+        d.mean().backward()
+        r.mean().backward()
+        _eq(d.grad, r.grad)
+    g = torch.Generator().manual_seed(3)
+    t5 = torch.randn(5, 6, generator=g)
+    d5 = distribute_tensor(t5, mesh, [Shard(0)])
+    _pair(torch.topk(d5, 4, 0), torch.topk(t5, 4, 0))
+    t3 = torch.randn(3, 4, generator=g)
+    _pair(torch.max(distribute_tensor(t3, mesh, [Shard(0)]), 0), torch.max(t3, 0))
+
+
+@reports(report_empty_shards_on_4_ranks)
+def test_reports_mesh_of_4(report, dist4):
+    dist4.run(report)

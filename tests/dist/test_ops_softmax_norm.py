@@ -1,7 +1,7 @@
 """softmax/log_softmax and layer_norm/rms_norm on real gloo ranks against plain torch on
 the same global input (forward and backward, weight and bias gradients included): every
 placement combination on 2 ranks, a fixed sample on a (2, 2) mesh, uneven and empty shards,
-Partial inputs.
+Partial inputs; public bug reports on norms (``report_*``, each naming its report).
 """
 
 from __future__ import annotations
@@ -12,9 +12,20 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from hyper_shard import Partial, Replicate, Shard, ShardingError, init_device_mesh
+from hyper_shard import (
+    DTensor,
+    Partial,
+    Replicate,
+    Shard,
+    ShardingError,
+    distribute_tensor,
+    init_device_mesh,
+)
 from tests._helpers import all_combos, check_op, dt_from_global
+from tests._helpers import assert_close_any as _eq
+from tests._reports import reports
 
 pytestmark = pytest.mark.multiproc
 
@@ -142,3 +153,86 @@ def test_rms_norm(world, dist2, dist4):
 
 def test_norm_errors(dist2):
     _run(dist2, check_norm_errors)
+
+
+# ---------------------------------------------------------------------- bug reports
+def _rep(t, mesh):
+    return distribute_tensor(t, mesh, [Replicate()] * mesh.ndim)
+
+
+def report_layer_norm_of_a_sharded_normalized_dim(rank, world):
+    """#174276 / PR #115250: ``layer_norm`` with the normalized dim sharded, and a cached
+    decision reused for another ``normalized_shape``; forward and every gradient."""
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(1)
+    xl = torch.randn(3, 4, 8, generator=g)
+    wl, bl = torch.randn(8, generator=g), torch.randn(8, generator=g)
+    for pl in (Shard(2), Shard(1)):
+        d = distribute_tensor(xl, mesh, [pl]).requires_grad_()
+        dw, db = _rep(wl, mesh).requires_grad_(), _rep(bl, mesh).requires_grad_()
+        r, rw, rb = (t.clone().requires_grad_() for t in (xl, wl, bl))
+        o, ro = F.layer_norm(d, (8,), dw, db), F.layer_norm(r, (8,), rw, rb)
+        _eq(o, ro.detach(), atol=1e-5, rtol=1e-5)
+        o.pow(2).sum().backward()
+        ro.pow(2).sum().backward()
+        for a, b in ((d, r), (dw, rw), (db, rb)):
+            _eq(a.grad, b.grad, atol=1e-4, rtol=1e-4)
+        _eq(F.layer_norm(d, (4, 8)), F.layer_norm(xl, (4, 8)), atol=1e-5, rtol=1e-5)
+        _eq(F.layer_norm(d, (8,)), F.layer_norm(xl, (8,)), atol=1e-5, rtol=1e-5)
+
+
+def report_layer_norm_weight_sharded_like_its_input(rank, world):
+    """#128699: ``layer_norm`` backward with its weight and bias sharded like a
+    column-parallel output (``Shard(0)``)."""
+    from hyper_shard.parallel import ColwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(1)
+    mlp = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    rmlp = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    rmlp.load_state_dict(mlp.state_dict())
+    parallelize_module(mlp, mesh, {"0": ColwiseParallel(use_local_output=False)})
+    for name in ("weight", "bias"):
+        full = getattr(mlp[1], name).detach()
+        setattr(mlp[1], name, nn.Parameter(distribute_tensor(full, mesh, [Shard(0)])))
+    xl = torch.randn(4, 8, generator=torch.Generator().manual_seed(2))
+    o, ro = mlp(xl), rmlp(xl)
+    _eq(o, ro.detach(), atol=1e-5, rtol=1e-4)
+    o.full_tensor().sum().backward()
+    ro.sum().backward()
+    for a, b in zip(mlp.parameters(), rmlp.parameters()):
+        _eq(a.grad, b.grad, atol=1e-5, rtol=1e-4)
+
+
+@reports(
+    report_layer_norm_of_a_sharded_normalized_dim,
+    report_layer_norm_weight_sharded_like_its_input,
+)
+def test_reports(report, dist2):
+    dist2.run(report)
+
+
+def report_replicated_rms_norm_weight_on_a_2d_mesh(rank, world):
+    """pytorch/torchtitan#2217: a Replicate RMSNorm weight on a (dp, tp) mesh: its gradient
+    is reduced over both dims; ``to_local(grad_placements=[Partial(), Partial()])`` too."""
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    w = torch.randn(8, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(4, 6, 8, generator=torch.Generator().manual_seed(1))
+    dx = distribute_tensor(x, mesh, [Shard(0), Shard(1)])
+    rw = w.clone().requires_grad_()
+    ro = F.rms_norm(x, (8,), rw)
+    ro.sum().backward()
+    dw = distribute_tensor(w, mesh, [Replicate(), Replicate()]).requires_grad_()
+    o = F.rms_norm(dx, (8,), dw)
+    _eq(o, ro.detach(), atol=1e-5, rtol=1e-5)
+    o.sum().backward()
+    _eq(dw.grad, rw.grad, atol=1e-4, rtol=1e-4)
+    dw2 = distribute_tensor(w, mesh, [Replicate(), Replicate()]).requires_grad_()
+    lo = F.rms_norm(dx.to_local(), (8,), dw2.to_local(grad_placements=[Partial(), Partial()]))
+    DTensor.from_local(lo, mesh, [Shard(0), Shard(1)]).sum().backward()
+    _eq(dw2.grad, rw.grad, atol=1e-4, rtol=1e-4)
+
+
+@reports(report_replicated_rms_norm_weight_on_a_2d_mesh)
+def test_reports_mesh_of_4(report, dist4):
+    dist4.run(report)

@@ -366,26 +366,30 @@ def test_factories_and_compat(dist2):
     assert dist2.run(check_factories_and_compat) == [True, True]
 
 
-def check_rule_shape_guard(rank, world):
-    """A user entry whose rule does not describe its op (pad declared pointwise) raises on
-    the first call, naming the entry; the decision is not cached, the group stays usable."""
-    mesh = init_device_mesh("cpu", (world,))
-    x = distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)])
-    for _ in range(2):
-        with pytest.raises(ShardingError, match=r"entry 'badpad'.*\(2, 5\)"):
-            F.pad(x, (1, 1))
-    torch.testing.assert_close((x + 1).full_tensor(), x.full_tensor() + 1)
+def check_rule_shape_guard(rank, world, spec_dir):
+    """A user entry whose rule does not describe its op (pad declared pointwise, a user
+    directory of specs) raises on the first call, naming the entry; the decision is not
+    cached, the group stays usable."""
+    from hyper_shard.registry import reload
+
+    reload(extra_dirs=[spec_dir])
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        x = distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)])
+        for _ in range(2):
+            with pytest.raises(ShardingError, match=r"entry 'badpad'.*\(2, 5\)"):
+                F.pad(x, (1, 1))
+        torch.testing.assert_close((x + 1).full_tensor(), x.full_tensor() + 1)
+    finally:
+        reload()  # the built-in specs again, for the pool's next tests
     return True
 
 
-def test_rule_shape_guard():
+def test_rule_shape_guard(dist2):
     from pathlib import Path
 
-    from tests.conftest import get_pool
-
     d = Path(__file__).parent / "data" / "badpad"
-    pool = get_pool(2, HYPER_PARALLEL_OPS_YAML_DIR=str(d))
-    assert pool.run(check_rule_shape_guard) == [True, True]
+    assert dist2.run(check_rule_shape_guard, str(d)) == [True, True]
 
 
 def check_replicate_fallback(rank, world):

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from hyper_shard import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh
 from hyper_shard.errors import ShardingError
+from tests._helpers import assert_close_any as _eq
 from tests._helpers import assert_dtensor_close, dt_from_global
+from tests._helpers import replicate as _rep
+from tests._reports import reports
 
 pytestmark = pytest.mark.multiproc
 
@@ -255,3 +259,79 @@ def test_foreach_ops(world, dist2, dist4):
 
 def test_clip_grad_norm(dist2):
     assert dist2.run(check_clip_grad_norm) == [1, 1]
+
+
+# ---------------------------------------------------------------------- bug reports
+def report_parameters_on_two_meshes(rank, world):
+    """#180346 (fixed here): ``clip_grad_norm_`` (and a foreach optimizer) over parameters
+    of two meshes raised; one-element DTensors of another mesh over the same ranks are
+    taken as Replicate and foreach lists spanning meshes run per mesh. Norms, clip
+    coefficients and AdamW states, both code paths, two steps, against one device."""
+    mesh_a = init_device_mesh("cpu", (world,))
+    mesh_b = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    g = torch.Generator().manual_seed(0)
+    # gradients through a scalar of mesh a used on mesh b
+    xa, xb = torch.randn(4, generator=g), torch.randn(4, 3, generator=g)
+    da = distribute_tensor(xa, mesh_a, [Shard(0)]).requires_grad_()
+    db = distribute_tensor(xb, mesh_b, [Shard(1)]).requires_grad_()
+    ra, rb = xa.clone().requires_grad_(), xb.clone().requires_grad_()
+    y, yr = db * (da * da).sum(), rb * (ra * ra).sum()
+    _eq(y, yr.detach())
+    w = torch.randn(4, 3, generator=g)
+    (y * _rep(w, mesh_b)).sum().backward()
+    (yr * w).sum().backward()
+    _eq(da.grad, ra.grad)
+    _eq(db.grad, rb.grad)
+    # a larger DTensor of another mesh still raises, naming both meshes
+    with pytest.raises(ShardingError, match="different meshes"):
+        db + _rep(xb, mesh_a)
+    for foreach in (False, True):
+        w1, w2 = torch.randn(4, 4, generator=g), torch.randn(6, generator=g)
+        p1 = nn.Parameter(distribute_tensor(w1, mesh_a, [Shard(0)]))
+        p2 = nn.Parameter(distribute_tensor(w2, mesh_b, [Shard(0)]))
+        q1, q2 = nn.Parameter(w1.clone()), nn.Parameter(w2.clone())
+        opt = torch.optim.AdamW([p1, p2], lr=0.1, foreach=foreach)
+        opt_r = torch.optim.AdamW([q1, q2], lr=0.1, foreach=foreach)
+        for _ in range(2):
+            opt.zero_grad()
+            opt_r.zero_grad()
+            ((p1 * p1).sum()).backward()
+            ((p2 * 3).sum()).backward()
+            ((q1 * q1).sum()).backward()
+            ((q2 * 3).sum()).backward()
+            n = torch.nn.utils.clip_grad_norm_([p1, p2], 0.5, foreach=foreach)
+            nr = torch.nn.utils.clip_grad_norm_([q1, q2], 0.5, foreach=foreach)
+            _eq(n.full_tensor(), nr)
+            opt.step()
+            opt_r.step()
+        _eq(p1, q1.detach())
+        _eq(p2, q2.detach())
+
+
+def report_clip_grad_norm_of_tensor_parallel_gradients(rank, world):
+    """PR #120238 / PR #120910: ``clip_grad_norm_`` of tensor-parallel gradients,
+    ``foreach`` False and True, norm types 2, inf and 1."""
+    from hyper_shard.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(2)
+    base = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+    xb = torch.randn(4, 8, generator=torch.Generator().manual_seed(8))
+    for foreach, norm_type in ((False, 2.0), (True, 2.0), (True, float("inf")), (False, 1.0)):
+        tp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+        one = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+        tp.load_state_dict(base.state_dict())
+        one.load_state_dict(base.state_dict())
+        parallelize_module(tp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        tp(xb).pow(2).sum().backward()
+        one(xb).pow(2).sum().backward()
+        kw = {"norm_type": norm_type, "foreach": foreach}
+        n = torch.nn.utils.clip_grad_norm_(tp.parameters(), 0.5, **kw)
+        _eq(n, torch.nn.utils.clip_grad_norm_(one.parameters(), 0.5, **kw), atol=1e-5, rtol=1e-5)
+        for a, b in zip(tp.parameters(), one.parameters()):
+            _eq(a.grad, b.grad, atol=1e-6, rtol=1e-5)
+
+
+@reports(report_parameters_on_two_meshes, report_clip_grad_norm_of_tensor_parallel_gradients)
+def test_reports(report, dist2):
+    dist2.run(report)

@@ -4,7 +4,8 @@ randn_like, randint_like, bernoulli, the in-place fills and nn.init functions on
 parameters, for Shard(0)/Shard(1)/Replicate/Partial on 2 ranks and nested layouts on a
 (2, 2) mesh, uneven sizes included. After each op the generator must be where the
 single-device run leaves it (the next draw agrees too). Plus hyper_shard.random's seed
-check, state sync and the tracker's counters.
+check, state sync and the tracker's counters; public bug reports on random ops
+(``report_*``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hyper_shard import (
     init_device_mesh,
 )
 from tests._helpers import _local_objective, assert_dtensor_close, dt_from_global
+from tests._reports import reports
 
 pytestmark = pytest.mark.multiproc
 
@@ -221,3 +223,19 @@ def test_random(fn, world, dist2, dist4):
 
 def test_seed_api_and_tracker(dist2):
     assert dist2.run(check_seed_api_and_tracker) == [1, 1]
+
+
+# ---------------------------------------------------------------------- bug reports
+def report_dropout_draws_the_single_device_mask(rank, world):
+    """#146190: dropout of a sharded DTensor draws the single-device mask."""
+    mesh = init_device_mesh("cpu", (world,))
+    ones = torch.ones(8, 8)
+    torch.manual_seed(5)
+    got = F.dropout(distribute_tensor(ones, mesh, [Shard(0)]), 0.5)
+    torch.manual_seed(5)
+    assert_dtensor_close(got, F.dropout(ones, 0.5))
+
+
+@reports(report_dropout_draws_the_single_device_mask)
+def test_reports(report, dist2):
+    dist2.run(report)

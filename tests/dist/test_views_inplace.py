@@ -4,7 +4,7 @@ transpose, unsqueeze, a view of a view) x every placement of the base (Shard of 
 dim, Shard of another dim, Replicate, Partial) x several in-place ops, compared with plain
 torch on the same global values; autograd through the written views; in-place ops on the
 results of from_local / redistribute / to_local; nn.Module dtype conversions of a
-parallelized model."""
+parallelized model; public bug reports on writes through views (``report_*``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from hyper_shard import DTensor, Partial, Replicate, Shard, distribute_tensor, init_device_mesh
-from tests._helpers import dt_from_global
+from tests._helpers import assert_close_any, dt_from_global
+from tests._reports import reports
 
 pytestmark = pytest.mark.multiproc
 
@@ -221,3 +222,21 @@ def test_inplace_on_api_results(dist2):
 def test_module_conversions(dist2):
     for bad in dist2.run(check_module_conversions):
         assert not bad, "\n".join(bad)
+
+
+# ---------------------------------------------------------------------- bug reports
+def report_init_through_a_slice(rank, world):
+    """#139735: ``nn.init`` on a slice / an index of a row-sharded tensor writes through to
+    the base."""
+    mesh = init_device_mesh("cpu", (world,))
+    t = torch.rand(10, 8, generator=torch.Generator().manual_seed(0))
+    for idx in (slice(None, 2), 0, (slice(None), slice(1, 3)), (slice(None), 5)):
+        d, ref = distribute_tensor(t.clone(), mesh, [Shard(0)]), t.clone()
+        torch.nn.init.constant_(d[idx], 3.0)
+        torch.nn.init.constant_(ref[idx], 3.0)
+        assert_close_any(d, ref)
+
+
+@reports(report_init_through_a_slice)
+def test_reports(report, dist2):
+    dist2.run(report)

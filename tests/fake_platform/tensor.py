@@ -127,6 +127,15 @@ class SimDTensor(DTensor):
         spec = self._spec
         return SimDTensor(g, spec.with_placements([grad_placement(p) for p in spec.placements]))
 
+    def detach(self) -> SimDTensor:
+        """The same value and spec, out of the autograd graph."""
+        return SimDTensor(self._local.detach(), self._spec)
+
+    def requires_grad_(self, requires_grad: bool = True) -> SimDTensor:
+        """In place: this DTensor's local tensor (an autograd leaf) records gradients."""
+        self._local.requires_grad_(requires_grad)
+        return self
+
     def backward(self, gradient: SimDTensor | None = None) -> None:
         """Backward from this DTensor: a one-element one seeds the local derivative of 1
         (1 on the coordinate 0 of each Replicate mesh dim, 0 elsewhere), else

@@ -18,6 +18,7 @@ import pickle
 import queue
 import socket
 import sys
+import threading
 import traceback
 from typing import Any
 
@@ -86,13 +87,36 @@ def _worker(
     os._exit(0)  # skip MindSpore's slow interpreter teardown
 
 
+def warm(rank: int, world: int) -> None:
+    """Build the op registry: what the first test would pay."""
+    from hyper_shard.registry import get_registry
+
+    get_registry()
+
+
 class MSPool:
-    """``world`` spawned MindSpore ranks that run functions ``fn(rank, world, *args)``."""
+    """``world`` spawned MindSpore ranks that run functions ``fn(rank, world, *args)``.
+
+    One call at a time (a lock): :meth:`warm_up` runs :func:`warm` from a background
+    thread, and the first test to use the pool waits for it.
+    """
 
     def __init__(self, world: int, env: dict | None = None) -> None:
         self.world = world
         self.env = dict(env or {})
+        self._lock = threading.Lock()
         self._start()
+
+    def warm_up(self) -> None:
+        """Start the ranks' start-up in the background (see the class)."""
+
+        def go() -> None:
+            try:
+                self.run(warm, timeout=600)
+            except AssertionError:
+                pass  # a broken start-up: the first real call restarts the pool and says so
+
+        threading.Thread(target=go, name=f"warm-ms{self.world}", daemon=True).start()
 
     def _start(self) -> None:
         port = _free_port()
@@ -117,6 +141,10 @@ class MSPool:
             AssertionError: some rank raised (its traceback is in the message) or the
                 ranks did not finish within ``timeout`` seconds (the pool restarts).
         """
+        with self._lock:
+            return self._run(fn, args, timeout)
+
+    def _run(self, fn: Any, args: tuple, timeout: float) -> list[Any]:
         for q in self.tasks:
             q.put((fn.__module__, fn.__name__, args))
         out: dict[int, Any] = {}

@@ -396,12 +396,13 @@ def _run_sample(sample: Sample, mesh: Any) -> dict:
     dims = sample.shard_dims or [None] * len(sample.inputs)
     res: dict = {"combos": 0, "values": [], "errors": []}
     choices = [_placements(x, p, d) for x, p, d in zip(sample.inputs, partial, dims)]
+    cache: dict = {}  # each input's local per placement, cut once for the combinations
     for combo in itertools.product(*choices):
         res["combos"] += 1
         name = "(" + ", ".join(str(p) for p in combo) + ")"
         try:
             dts = [
-                dt_from_numpy(x, mesh, [p], seed=i)
+                dt_from_numpy(x, mesh, [p], seed=i, cache=cache)
                 for i, (x, p) in enumerate(zip(sample.inputs, combo))
             ]
             out = sample.fn(*dts)
@@ -517,10 +518,11 @@ def _run_value_sample(sample: Sample, mesh: Any, ref: Any) -> dict:
     from tests.mindspore._ms_helpers import dt_from_numpy
 
     res: dict = {"combos": 0, "fwd": 0.0, "grad": 0.0, "bad": [], "errors": []}
+    cache: dict = {}
     for combo in itertools.product(*[_placements(x, False) for x in sample.inputs]):
         res["combos"] += 1
         try:
-            dts = [dt_from_numpy(x, mesh, [p]) for x, p in zip(sample.inputs, combo)]
+            dts = [dt_from_numpy(x, mesh, [p], cache=cache) for x, p in zip(sample.inputs, combo)]
             got = sample.fn(*dts)
         except Exception as e:
             res["errors"].append(f"{combo}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")

@@ -1,7 +1,8 @@
 """The DTensor API on MindSpore (2 mccl ranks): creation, conversion, metadata, printing,
 reflected operators, in-place ops, indexing, Parameters and optimizers, and the errors
 for what is not supported. Each result is compared with plain MindSpore / numpy on the
-same global values."""
+same global values. Public bug reports on the API (``report_*`` run on the ranks, each
+test's docstring naming its report)."""
 
 from __future__ import annotations
 
@@ -406,3 +407,104 @@ def test_local_map(ms2):
         np.testing.assert_allclose(ga, np.ones((5, 3), np.float32) @ B.T, rtol=1e-5)
         np.testing.assert_allclose(gb, X.T @ np.ones((5, 3), np.float32), rtol=1e-5)
         assert mismatch.startswith("ValueError") and "redistribute_inputs=True" in mismatch
+
+
+# ---------------------------------------------------------------------- bug reports
+def report_dim_map(rank: int, world: int) -> dict:
+    from mindspore import Parameter, Tensor
+
+    import hyper_shard as hs
+    from hyper_shard import Replicate, Shard
+
+    mesh = hs.init_device_mesh("CPU", (world,))
+    rs = np.random.RandomState(11)
+    res = {}
+    w = rs.randn(2, 3, 4).astype(np.float32)
+    dw = hs.distribute_tensor(Tensor(w), mesh, [Shard(2)])
+    pw = Parameter(dw, name="w3")
+    res["w3"] = (
+        tuple(pw.shape),
+        str(pw.placements),
+        tuple(pw.to_local().shape),
+        pw.full_tensor().asnumpy(),
+        w,
+    )
+    mesh2 = hs.init_device_mesh("CPU", (world, 1), mesh_dim_names=("a", "b"))
+    b = rs.randn(6).astype(np.float32)
+    db = hs.distribute_tensor(Tensor(b), mesh2, [Shard(0), Replicate()])
+    pb = Parameter(db, name="b1")
+    res["b1"] = (
+        tuple(pb.shape),
+        str(pb.placements),
+        tuple(pb.to_local().shape),
+        pb.full_tensor().asnumpy(),
+        b,
+    )
+    z = hs.zeros(5, device_mesh=mesh2, placements=[Replicate(), Shard(0)])
+    res["z"] = (tuple(z.shape), tuple(z.to_local().shape))
+    return res
+
+
+def test_report_dim_map(ms2):
+    """mindspore-ai/hyper-parallel#711 "[bug] mf联调发现，参数初始化时，dim_map[shard_dim]
+    index越界": the dim map was sized by the mesh ndim instead of the tensor ndim, so a
+    parameter whose ndim differs from the mesh's raised IndexError at init. Answer: a 3-D
+    ``Shard(2)`` parameter on a 1-D mesh and a 1-D bias on a 2-D mesh keep their global
+    shapes and values."""
+    for dm in ms2.run(report_dim_map):
+        assert dm["w3"][:2] == ((2, 3, 4), "(Shard(dim=2),)") and dm["w3"][2] == (2, 3, 2)
+        np.testing.assert_array_equal(dm["w3"][3], dm["w3"][4])
+        assert dm["b1"][:3] == ((6,), "(Shard(dim=0), Replicate())", (3,))
+        np.testing.assert_array_equal(dm["b1"][3], dm["b1"][4])
+        assert dm["z"] == ((5,), (5,))  # Shard(0) over the size-1 mesh dim: all of it
+
+
+def report_chained_matmul(rank: int, world: int) -> dict:
+    import mindspore as ms
+    from mindspore import Tensor, mint
+
+    import hyper_shard as hs
+    from hyper_shard import Replicate, Shard
+    from hyper_shard.platform.mindspore.autograd import value_and_grad
+
+    mesh = hs.init_device_mesh("CPU", (world,))
+    rs = np.random.RandomState(11)
+    x = rs.randn(4, 6).astype(np.float32)
+    a = rs.randn(3, 6).astype(np.float32)
+    bm = rs.randn(5, 3).astype(np.float32)
+    wt = rs.randn(4, 5).astype(np.float32)
+
+    def ref_f(x_, a_, b_):
+        return (mint.matmul(mint.matmul(x_, a_.T), b_.T) * Tensor(wt)).sum()
+
+    ref_grads = ms.grad(ref_f, (0, 1, 2))(Tensor(x), Tensor(a), Tensor(bm))
+    dx = hs.distribute_tensor(Tensor(x), mesh, [Shard(-1)])
+    da = hs.distribute_tensor(Tensor(a), mesh, [Shard(1)])
+    db = hs.distribute_tensor(Tensor(bm), mesh, [Replicate()])
+    dwt = hs.distribute_tensor(Tensor(wt), mesh, [Replicate()])
+    tmp = mint.matmul(dx, da.T)
+    o = mint.matmul(tmp, db.T)
+
+    def f(x_, a_, b_):
+        return (mint.matmul(mint.matmul(x_, a_.T), b_.T) * dwt).sum()
+
+    _, grads = value_and_grad(f, (0, 1, 2))(dx, da, db)
+    return {
+        "tmp": str(tmp.placements),
+        "o": (str(o.placements), o.full_tensor().asnumpy(), x @ a.T @ bm.T),
+        "grads": [g.full_tensor().asnumpy() for g in grads],
+        "ref": [g.asnumpy() for g in ref_grads],
+    }
+
+
+def test_report_chained_matmul(ms2):
+    """mindspore-ai/hyper-parallel#685 "[Bug] 分布式 MatMul 的 layout 推断不传播输入的
+    Partial 状态...": in ``(x @ A^T) @ B^T`` (x ``Shard(-1)``, A ``Shard(1)``, B Replicate)
+    the second matmul dropped the first's Partial: wrong forward, B's gradient 1/N of the
+    true one. Answer: the intermediate is Partial(sum), the output and all three gradients
+    equal one device."""
+    for cm in ms2.run(report_chained_matmul):
+        assert cm["tmp"] == "(Partial(sum),)"
+        np.testing.assert_allclose(cm["o"][1], cm["o"][2], rtol=1e-5, atol=1e-5)
+        for g, r in zip(cm["grads"], cm["ref"]):
+            np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)

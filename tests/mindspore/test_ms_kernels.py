@@ -2,7 +2,8 @@
 vocab-parallel cross-entropy under ``loss_parallel`` (and gathered outside it; forward and gradients, the class dim
 never gathered: the largest local tensor the loss creates is the local logits' size and no
 all-gather runs), sharded attention with a causal mask on sequence shards, and dropout
-equal to the single-device draw."""
+equal to the single-device draw. Public bug reports on the kernels and multi-output ops
+(``report_*`` run on the ranks, each test's docstring naming its report)."""
 
 from __future__ import annotations
 
@@ -184,3 +185,115 @@ def test_kernels_match_one_process(ms2) -> None:
             assert err == 0.0 and after == 0.0, (pl, err, after)
             assert got_pl == pl.replace("[", "(").replace("]", ",)")
         assert 0.1 < out["dropped"] < 0.7  # a real dropout happened
+
+
+# ---------------------------------------------------------------------- bug reports
+def report_output_ranks(rank: int, world: int) -> dict:
+    from mindspore import Tensor, mint, ops
+
+    import hyper_shard as hs
+    from hyper_shard import Shard
+    from hyper_shard.platform.mindspore import functional as hsF
+
+    mesh = hs.init_device_mesh("CPU", (world,))
+    rs = np.random.RandomState(11)
+    res = {}
+    q, k, v = (rs.randn(4, 6, 3).astype(np.float32) for _ in range(3))  # (N, T, D)
+    ref = hsF.scaled_dot_product_attention(Tensor(q), Tensor(k), Tensor(v), is_causal=True)
+    dq, dk, dv = (hs.distribute_tensor(Tensor(t), mesh, [Shard(0)]) for t in (q, k, v))
+    o = hsF.scaled_dot_product_attention(dq, dk, dv, is_causal=True)
+    res["sdpa"] = (
+        o.ndim,
+        len(o.to_local().shape),
+        tuple(o.shape),
+        o.full_tensor().asnumpy(),
+        ref.asnumpy(),
+    )
+    x = rs.randn(4, 6, 5).astype(np.float32)
+    dx = hs.distribute_tensor(Tensor(x), mesh, [Shard(0)])
+    vals, idx = mint.max(dx, dim=2)
+    rv, ri = mint.max(Tensor(x), dim=2)
+    res["max"] = [
+        (t.ndim, len(t.to_local().shape), tuple(t.shape), str(t.placements),
+         t.full_tensor().asnumpy(), r.asnumpy())
+        for t, r in ((vals, rv), (idx, ri))
+    ]  # fmt: skip
+    tv, ti = ops.topk(dx, 2)
+    rtv, rti = ops.topk(Tensor(x), 2)
+    res["topk"] = [
+        (tuple(t.shape), tuple(t.to_local().shape), t.full_tensor().asnumpy(), r.asnumpy())
+        for t, r in ((tv, rtv), (ti, rti))
+    ]
+    return res
+
+
+def test_report_output_ranks(ms2):
+    """mindspore-ai/hyper-parallel#665 "[Bug]: TND FlashAttention softmax output DTensor
+    layout rank mismatch" and #370 "npu_mhc_pre_sinkhorn ... output Layout tensor_map rank
+    mismatch causes full_tensor() failure": an op's outputs got the input's 4-D tensor_map
+    while the kernel returned 3-D tensors. The CPU build has no flash_attention_score: the
+    same (tokens, heads, dim) attention through hyper_shard's SDPA, and multi-output ops
+    whose outputs differ from the input rank (``mint.max(dim)``, ``ops.topk``). Answer:
+    each output's spec has its own rank; ``full_tensor()`` equals one device."""
+    for orr in ms2.run(report_output_ranks):
+        nd, lnd, shape, full, ref = orr["sdpa"]
+        assert (nd, lnd, shape) == (3, 3, (4, 6, 3))
+        np.testing.assert_allclose(full, ref, rtol=1e-5, atol=1e-6)
+        for nd, lnd, shape, pl, full, ref in orr["max"]:
+            assert (nd, lnd, shape, pl) == (2, 2, (4, 6), "(Shard(dim=0),)")
+            np.testing.assert_allclose(full, ref, rtol=1e-6)
+        for shape, lshape, full, ref in orr["topk"]:
+            assert shape == (4, 6, 2) and lshape == (2, 6, 2)
+            np.testing.assert_allclose(full, ref, rtol=1e-6)
+
+
+def report_ce_weight_ignore(rank: int, world: int) -> dict:
+    import mindspore as ms
+    from mindspore import Tensor, ops
+
+    import hyper_shard as hs
+    from hyper_shard import DTensor, Replicate, Shard
+    from hyper_shard.parallel import loss_parallel
+    from hyper_shard.platform.mindspore.autograd import value_and_grad
+
+    mesh = hs.init_device_mesh("CPU", (world,))
+    rs = np.random.RandomState(11)
+    res = {}
+    logits = rs.randn(6, 8).astype(np.float32)
+    tgt = np.array([1, 7, -100, 3, 0, -100], np.int32)
+    wts = (rs.rand(8) + 0.5).astype(np.float32)
+    for red in ("mean", "sum", "none"):
+
+        def ref_f(lg, _red=red):
+            return ops.cross_entropy(
+                lg, Tensor(tgt), weight=Tensor(wts), ignore_index=-100, reduction=_red
+            ).sum()
+
+        rl, rg = ms.value_and_grad(ref_f)(Tensor(logits))
+        dl = hs.distribute_tensor(Tensor(logits), mesh, [Shard(1)])
+        dt = hs.distribute_tensor(Tensor(tgt), mesh, [Replicate()])
+        dw = hs.distribute_tensor(Tensor(wts), mesh, [Shard(0)])
+
+        def f(lg, _red=red, _dt=dt, _dw=dw):
+            with loss_parallel():
+                loss = ops.cross_entropy(lg, _dt, weight=_dw, ignore_index=-100,
+                                         reduction=_red)  # fmt: skip
+            return loss.sum()
+
+        loss, g = value_and_grad(f, 0)(dl)
+        lv = loss.full_tensor() if isinstance(loss, DTensor) else loss
+        res[red] = (float(lv.asnumpy()), float(rl.asnumpy()), g.full_tensor().asnumpy(),
+                    rg.asnumpy())  # fmt: skip
+    return res
+
+
+def test_report_ce_weight_ignore(ms2):
+    """mindspore-ai/hyper-parallel PR #140 (vocab-parallel CE ``ignore_index`` indexing /
+    weight broadcast) and #671 "[基础能力4] loss_parallel / 分布式 CE": class weights sharded
+    with the classes plus ``ignore_index``, every reduction. Answer: loss and logits
+    gradient equal ``ops.cross_entropy`` on one device."""
+    for ce in ms2.run(report_ce_weight_ignore):
+        for red in ("mean", "sum", "none"):
+            loss, ref, g, rg = ce[red]
+            np.testing.assert_allclose(loss, ref, rtol=1e-5)
+            np.testing.assert_allclose(g, rg, rtol=1e-5, atol=1e-6)

@@ -1,6 +1,8 @@
 """Tensor parallelism on MindSpore Cells (2 mccl ranks): ``parallelize_module`` with the
 same ``ColwiseParallel``/``RowwiseParallel`` plan classes as torch, on ``mint.nn.Linear``;
-training losses, gradients and updated weights equal the single-process run."""
+training losses, gradients and updated weights equal the single-process run. Public bug
+reports on the styles (``report_*`` run on the ranks, each test's docstring naming its
+report)."""
 
 from __future__ import annotations
 
@@ -117,3 +119,51 @@ def test_plan_errors(ms2):
     assert "mint.nn.Linear" in out["dense"]
     assert out["key"].startswith("PlanKeyWarning") and "'upp' could not be resolved" in out["key"]
     assert "closest module names" in out["key"]
+
+
+# ---------------------------------------------------------------------- bug reports
+def report_rowwise_bias(rank: int, world: int) -> dict:
+    from mindspore import Tensor, nn
+
+    import hyper_shard as hs
+    from hyper_shard.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from hyper_shard.platform.mindspore.autograd import optimizer_grads, value_and_grad
+    from tests.mindspore._ms_helpers import (
+        chunked_two_layer,
+        chunked_two_layer_one_process,
+        max_param_err,
+    )
+
+    mesh = hs.init_device_mesh("CPU", (world,))
+    x = np.random.RandomState(5).randn(4, 8).astype(np.float32)
+    t = np.random.RandomState(6).randn(4, 5).astype(np.float32)
+    ref, losses, ref_grads = chunked_two_layer_one_process(x, t, 2)
+    net = parallelize_module(
+        chunked_two_layer(0), mesh, {"up": ColwiseParallel(), "head": RowwiseParallel()}
+    )
+    opt = nn.SGD(net.trainable_params(), learning_rate=0.1)
+    vg = value_and_grad(lambda a, b: ((net(a) - b) ** 2).mean(), None, opt.parameters)
+    got, grads = [], None
+    for _ in range(2):
+        loss, grads = vg(Tensor(x), Tensor(t))
+        got.append(float(loss.asnumpy()))
+        opt(optimizer_grads(grads, opt.parameters))
+    return {
+        "losses": (got, losses),
+        "grads": [g.full_tensor().asnumpy() for g in grads],
+        "ref_grads": ref_grads,
+        "werr": max_param_err(net, ref),
+        "bias": str(net.head.bias.placements),
+    }
+
+
+def test_report_rowwise_bias(ms2):
+    """mindspore-ai/hyper-parallel#756 "ColwiseParallel、RowwiseParallel 实现问题":
+    RowwiseParallel did not handle the bias parameter. Answer: a row-parallel
+    ``mint.nn.Linear`` with a bias (replicated, added once) trains as one process (the
+    head called on two chunks of the rows)."""
+    for rb in ms2.run(report_rowwise_bias):
+        np.testing.assert_allclose(*rb["losses"], rtol=1e-5)
+        for g, r in zip(rb["grads"], rb["ref_grads"]):
+            np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+        assert rb["werr"] < 1e-5 and rb["bias"] == "(Replicate(),)"

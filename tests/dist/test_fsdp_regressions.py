@@ -1,12 +1,19 @@
-"""Bug reports against hyper-parallel (mindspore-ai/hyper-parallel) that are not
-MindSpore-specific, replayed on hyper_shard's torch platform (2 gloo ranks): FSDP
-training, gradient norms and metadata compared with the same model in one process."""
+"""Public bug reports on FSDP (next to the ``test_fsdp*.py`` files, which others are
+changing now), replayed on hyper_shard's torch platform with real gloo ranks against the
+same model in one process: training, gradients, gradient norms, state dicts and metadata.
+
+* mindspore-ai/hyper-parallel's FSDP reports that are not MindSpore-specific
+  (:func:`test_fsdp_reports`, one batched worker call whose docstring names them);
+* PyTorch FSDP2 reports (``report_*``, each naming its report).
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests._helpers import assert_close_any as _eq
+from tests._reports import reports
 from tests._scenarios import guard as _guard
 from tests._scenarios import ok as _ok
 from tests.dist._fsdp_models import (
@@ -237,3 +244,120 @@ def test_fsdp_reports(dist2):
         msg = _ok(out, "229")
         assert msg.startswith("raised"), msg
         assert "mesh" in msg
+
+
+# ---------------------------------------------------------------------- PyTorch FSDP2 reports
+def report_writes_and_state_dicts_of_sharded_weights(rank, world):
+    """#147570: an in-place multiply through a view of an FSDP-sharded weight; #136228: a
+    full state dict loaded into an FSDP model whose dim 0 (3) does not divide evenly."""
+    import torch.nn as nn
+
+    from hyper_shard import Replicate, distribute_tensor, init_device_mesh
+    from hyper_shard.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        fl = nn.Linear(9, 8, bias=False)
+    fully_shard(fl, mesh=mesh)
+    fl.to_empty(device="cpu")
+    nn.init.ones_(fl.weight)
+    with torch.no_grad():
+        fl.weight.view(4, 2, 9).mul_(
+            distribute_tensor(torch.arange(4.0).view(4, 1, 1), mesh, [Replicate()])
+        )
+    _eq(fl.weight, torch.ones(8, 9).view(4, 2, 9).mul(torch.arange(4.0).view(4, 1, 1)).view(8, 9))
+    full_m, m = nn.Linear(17, 3), nn.Linear(17, 3)
+    fully_shard(m, mesh=mesh)
+    m.load_state_dict(
+        {
+            k: distribute_tensor(v, mesh, m.state_dict()[k].placements)
+            for k, v in full_m.state_dict().items()
+        }
+    )
+    xf = torch.randn(2, 17)
+    _eq(m(xf), full_m(xf).detach())
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self, vocab: int = 15, hidden: int = 4) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, hidden)
+        self.mid = torch.nn.Linear(hidden, hidden)
+        self.out = torch.nn.Linear(hidden, vocab, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.mid(self.emb(x))))
+
+
+def report_tied_weights_in_one_unit(rank, world):
+    """#176076 (fixed here): tied embedding / output weights with vocab 15 on 2 ranks
+    (uneven shards); PyTorch never updated the last rank's rows. ``fully_shard([emb,
+    out])`` sharded the tied weight for ``emb`` only and the root call refused ``out``'s
+    copy; now both modules share it, and training matches one process in every grouping."""
+    import torch.nn.functional as F
+
+    from hyper_shard import init_device_mesh
+    from hyper_shard.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    for group in ("root", "inner", "list"):
+        torch.manual_seed(0)
+        m, r = _Tied(), _Tied()
+        r.load_state_dict(m.state_dict())
+        if group == "inner":
+            fully_shard(m.mid, mesh=mesh)
+        elif group == "list":
+            fully_shard([m.emb, m.out], mesh=mesh)
+        fully_shard(m, mesh=mesh)
+        assert m.out.weight is m.emb.weight
+        opt, ropt = torch.optim.SGD(m.parameters(), lr=0.5), torch.optim.SGD(r.parameters(), lr=0.5)
+        for step in range(3):
+            x = torch.randint(0, 15, (world * 2, 3), generator=torch.Generator().manual_seed(step))
+            y = torch.randint(
+                0, 15, (world * 2, 3), generator=torch.Generator().manual_seed(10 + step)
+            )
+            xl, yl = x.chunk(world)[rank], y.chunk(world)[rank]
+            F.cross_entropy(m(xl).flatten(0, 1), yl.flatten()).backward()
+            F.cross_entropy(r(x).flatten(0, 1), y.flatten()).backward()
+            for o in (opt, ropt):
+                o.step()
+                o.zero_grad()
+        sd, rsd = m.state_dict(), r.state_dict()
+        for key, val in rsd.items():
+            _eq(sd[key], val, atol=1e-5, rtol=1e-4)
+
+
+@reports(report_writes_and_state_dicts_of_sharded_weights, report_tied_weights_in_one_unit)
+def test_reports(report, dist2):
+    dist2.run(report)
+
+
+def report_fsdp_over_tensor_parallel_gradients(rank, world):
+    """#129206 / #129229: TP + FSDP2 on a (dp, tp) mesh: ``full_tensor`` of parameters and
+    gradients equal one process's (FSDP averages over the 2 dp ranks)."""
+    import torch.nn as nn
+
+    from hyper_shard import init_device_mesh
+    from hyper_shard.fsdp import fully_shard
+    from hyper_shard.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+    ref = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+    ref.load_state_dict(model.state_dict())
+    parallelize_module(model, mesh2["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh2["dp"])
+    xb = torch.randn(4, 8)
+    model(xb.chunk(2)[mesh2.get_coordinate()[0]]).sum().backward()
+    (ref(xb).sum() / 2).backward()  # FSDP averages over the 2 dp ranks
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        _eq(p.full_tensor(), q.detach(), msg=n)
+        _eq(p.grad.full_tensor(), q.grad, msg=n)
+
+
+@reports(report_fsdp_over_tensor_parallel_gradients)
+def test_reports_mesh_of_4(report, dist4):
+    dist4.run(report)

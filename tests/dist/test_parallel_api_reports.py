@@ -1,0 +1,157 @@
+"""Public bug reports on tensor and sequence parallelism (``hyper_shard.parallel``, the
+styles of ``test_parallel_api.py``), each replaying the report's program on 2 real gloo
+ranks against the same module in plain torch: outputs and every gradient (each
+``report_*`` names its report)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from hyper_shard import DeviceMesh, DTensor, Replicate, Shard, distribute_tensor, init_device_mesh
+from hyper_shard.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from tests._helpers import assert_close_any as _eq
+from tests._reports import reports
+
+pytestmark = pytest.mark.multiproc
+
+
+def report_uneven_rowwise_and_colwise_gelu_rowwise(rank, world):
+    """#118836: an uneven ``RowwiseParallel`` ``Linear(9, 3)``: a contiguous local weight
+    and the right output; #144359: a Colwise -> GELU(tanh) -> Rowwise MLP equals the
+    plain one, gradients too."""
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    lin, ref = nn.Linear(9, 3), nn.Linear(9, 3)
+    ref.load_state_dict(lin.state_dict())
+    parallelize_module(lin, mesh, RowwiseParallel())
+    assert lin.weight.to_local().is_contiguous()
+    x = torch.randn(2, 9)
+    _eq(lin(x.chunk(world, -1)[rank]), ref(x))
+    mlp = nn.Sequential(nn.Linear(8, 16), nn.GELU("tanh"), nn.Linear(16, 8))
+    rmlp = nn.Sequential(nn.Linear(8, 16), nn.GELU("tanh"), nn.Linear(16, 8))
+    rmlp.load_state_dict(mlp.state_dict())
+    parallelize_module(mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    xb = torch.randn(2, 5, 8)
+    out, rout = mlp(xb), rmlp(xb)
+    _eq(out, rout.detach())
+    out.sum().backward()
+    rout.sum().backward()
+    _eq(mlp[0].weight.grad.full_tensor(), rmlp[0].weight.grad)
+    _eq(mlp[2].bias.grad.full_tensor(), rmlp[2].bias.grad)
+
+
+def report_sequence_parallel_norm_gradients(rank, world):
+    """pytorch/torchtitan#2217: ``SequenceParallel`` LayerNorm / RMSNorm weight gradients
+    are the full-sequence ones (a norm, colwise up, rowwise down to ``Shard(1)``, a
+    norm)."""
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+
+    def block():
+        return nn.ModuleDict(
+            {
+                "norm": nn.LayerNorm(8),
+                "up": nn.Linear(8, 16),
+                "down": nn.Linear(16, 8),
+                "rms": nn.RMSNorm(8),
+            }
+        )
+
+    blk = block()
+    with torch.no_grad():
+        for p in blk.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    rblk = block()
+    rblk.load_state_dict(blk.state_dict())
+    parallelize_module(
+        blk,
+        mesh,
+        {
+            "norm": SequenceParallel(),
+            "up": ColwiseParallel(input_layouts=Shard(1)),
+            "down": RowwiseParallel(output_layouts=Shard(1)),
+            "rms": SequenceParallel(),
+        },
+    )
+
+    def run(m, h):
+        return m["rms"](m["down"](torch.relu(m["up"](m["norm"](h)))))
+
+    xs = torch.randn(2, 6, 8)
+    o, ro = run(blk, xs.chunk(world, 1)[rank]), run(rblk, xs)
+    _eq(o, ro.detach())
+    ws = torch.randn(2, 6, 8)
+    (o * distribute_tensor(ws, mesh, [Shard(1)])).sum().backward()
+    (ro * ws).sum().backward()
+    for (n, p), (_, q) in zip(blk.named_parameters(), rblk.named_parameters()):
+        _eq(p.grad.full_tensor(), q.grad, atol=1e-5, rtol=1e-4, msg=n)
+
+
+def report_sequence_parallel_rms_norm_output(rank, world):
+    """#139681: a ``SequenceParallel`` RMSNorm returns a DTensor (not a plain Tensor),
+    with the right values."""
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    rms, rrms = nn.RMSNorm(8), nn.RMSNorm(8)
+    with torch.no_grad():
+        rms.weight.add_(torch.randn(8) * 0.1)
+    rrms.load_state_dict(rms.state_dict())
+    parallelize_module(rms, mesh, SequenceParallel())
+    xs = torch.randn(2, 6, 8)
+    o = rms(xs.chunk(world, 1)[rank])
+    assert isinstance(o, DTensor)
+    _eq(o, rrms(xs).detach())
+
+
+class _KwOnly(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, *, x):
+        return self.lin(x)
+
+
+def report_keyword_inputs_and_a_mesh_of_one(rank, world):
+    """#128365: ``PrepareModuleInput`` with keyword-only inputs that are already DTensors;
+    #127213: tensor parallel on a mesh of size 1 (TP "disabled") is the plain module."""
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(1)
+    kw, rkw = _KwOnly(), _KwOnly()
+    rkw.load_state_dict(kw.state_dict())
+    parallelize_module(
+        kw,
+        mesh,
+        PrepareModuleInput(
+            input_kwarg_layouts={"x": Shard(0)},
+            desired_input_kwarg_layouts={"x": Replicate()},
+            use_local_output=True,
+        ),
+    )
+    xk = torch.randn(4, 4, generator=g)
+    _eq(kw(x=distribute_tensor(xk, mesh, [Shard(0)])), rkw(x=xk).detach())
+    _eq(kw(x=xk.chunk(world)[rank]), rkw(x=xk).detach())
+    one = DeviceMesh("cpu", [rank])
+    lin, rlin = nn.Linear(10, 10), nn.Linear(10, 10)
+    rlin.load_state_dict(lin.state_dict())
+    parallelize_module(lin, one, ColwiseParallel())
+    x1 = torch.randn(10, 10, generator=g)
+    _eq(lin(x1), rlin(x1).detach())
+
+
+@reports(
+    report_uneven_rowwise_and_colwise_gelu_rowwise,
+    report_sequence_parallel_norm_gradients,
+    report_sequence_parallel_rms_norm_output,
+    report_keyword_inputs_and_a_mesh_of_one,
+)
+def test_reports(report, dist2):
+    dist2.run(report)
