@@ -122,6 +122,8 @@ class TorchPlatform(Platform):
     from_local_needs_stride = True
     #: what torch.distributed raises for a failed collective (DistError is a RuntimeError)
     comm_errors: tuple[type[BaseException], ...] = (RuntimeError,)
+    #: collectives with ``async_op=True`` return work handles (FSDP overlaps them)
+    async_collectives = True
 
     def __init__(self) -> None:
         compose = os.environ.get("HYPER_SHARD_COMPOSE", "")
