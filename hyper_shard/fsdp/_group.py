@@ -145,6 +145,8 @@ class FSDPParamGroup(UnitReduction):
         self._post_forward_indices: list[int] = []
         self._gathered_versions: list[Any] = []
         self._partial_reduce: dict[Any, Any] = {}
+        #: on-tape units: the current forward cycle's unsharded values
+        self._tape_values: list[tuple[FSDPParam, Any]] | None = None
         #: calls whose gradients are still pending (weakly held: see the module note)
         self._calls: weakref.WeakSet[_Call] = weakref.WeakSet()
 
@@ -223,6 +225,7 @@ class FSDPParamGroup(UnitReduction):
         gradient reduction (:meth:`tape_reduce`), and the unsharded values cut out of it."""
         assert self._buckets is not None
         plat, c = self.plat, self.info.shard_coord
+        cache: list[tuple[FSDPParam, Any]] = []
         for b in self._buckets:
             params = [self.params[i] for i in b.indices]
             chunk = pack_shards(
@@ -232,8 +235,18 @@ class FSDPParamGroup(UnitReduction):
             if b.layout.n > 1:
                 self._count("all_gather")
             with self.comm.record("FSDP::all_gather_copy_out"):
-                for p, v in zip(params, unpack_params(plat, b.layout, flat)):
-                    p.to_unsharded(p.unsharded_value(v))
+                values = unpack_params(plat, b.layout, flat)
+                cache.extend((p, p.unsharded_value(v)) for p, v in zip(params, values))
+        self._tape_values = cache
+        self.show_tape_values()
+
+    def show_tape_values(self) -> None:
+        """On-tape units: register the values of the current forward cycle's gather (a
+        later module of the cycle computes with them; the values are registered only
+        while a module of the unit runs)."""
+        assert self._tape_values is not None
+        for p, v in self._tape_values:
+            p.to_unsharded(v)
         self.unsharded = True
 
     def _gather_node(self, b: _Bucket, params: list[FSDPParam], chunk: Any) -> Any:
@@ -302,8 +315,11 @@ class FSDPParamGroup(UnitReduction):
                 res.wait()
             self._pending_gather = None
 
-    def reshard(self) -> None:
-        """Register the sharded parameters again and free the unsharded memory."""
+    def reshard(self, keep_tape_values: bool = False) -> None:
+        """Register the sharded parameters again and free the unsharded memory (on-tape
+        units: forget the cycle's gathered values unless ``keep_tape_values``)."""
+        if not keep_tape_values:
+            self._tape_values = None
         if not self.unsharded:
             return
         for p in self.params:
@@ -316,6 +332,20 @@ class FSDPParamGroup(UnitReduction):
         self.training_state = TrainingState.FORWARD
         self.unshard(True)
         self.wait_for_unshard()
+
+    def continue_forward(self) -> None:
+        """Before a later module of the current forward cycle: its gathered values (an
+        on-tape unit's), or an all-gather if the unit was resharded since."""
+        if self.on_tape and self._tape_values is not None:
+            self.show_tape_values()
+        elif not self.unsharded:
+            self.pre_forward()
+
+    def after_call(self) -> None:
+        """After each module call of the unit: an on-tape unit shows its sharded
+        parameters again (its values live on the tape; the cycle keeps them)."""
+        if self.on_tape:
+            self.reshard(keep_tape_values=True)
 
     def track_call(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, _Call | None]:
         """A forward call of one of the unit's modules (hook-driven units): the call to

@@ -156,8 +156,8 @@ class FSDPState:
                     self.comm.pre_forward_order.append(g)
                     g.pre_forward()
                     self._forward_prefetch(g)
-                elif not g.unsharded:
-                    g.pre_forward()
+                else:
+                    g.continue_forward()
                 args, kwargs, call = g.track_call(args, kwargs)
             self._open.setdefault(id(module), []).append(call)
             return args, kwargs
@@ -171,6 +171,11 @@ class FSDPState:
         comm = self.comm
         comm.last_forward_order = comm.pre_forward_order
         comm.pre_forward_order = []
+        for st in self.ctx.all_states:  # cycles left open since the last iteration end
+            if st is not self and st._cycle:
+                st._cycle.clear()
+                if st.group is not None and st.group.on_tape:
+                    st.group.reshard()
         if not any(st.group is not None and st.group._calls for st in self.ctx.all_states):
             comm.post_forward_order.clear()  # no backward to come for an earlier forward
             for st in self.ctx.all_states:
@@ -204,19 +209,32 @@ class FSDPState:
                 if call is not None and not placed and not call.hooked:
                     self.group._calls.discard(call)  # type: ignore[union-attr]
             self._cycle.discard(id(module))
+            if self.group is not None:
+                self.group.after_call()
             if self._cycle:  # the unit's forward cycle goes on
                 if self.ctx.iter_forward_root is self and not self.is_root:
-                    self._root_post_forward()  # a unit run on its own claims one call
+                    self.ctx.iter_forward_root = None  # a unit run on its own: one call
                 return self._cast_output(output)
-            if self.group is not None:
-                self.group.post_forward()
-            self.training_state = TrainingState.IDLE
+            self._end_cycle()
             if self.ctx.iter_forward_root is self:
                 self._root_post_forward()
         return self._cast_output(output)
 
+    def _end_cycle(self) -> None:
+        self._cycle.clear()
+        if self.group is not None:
+            self.group.post_forward()
+        self.training_state = TrainingState.IDLE
+
     def _root_post_forward(self) -> None:
         self.ctx.iter_forward_root = None
+        if self.is_root:
+            # units whose forward cycle the root's forward left open (a module of a unit
+            # not called in it, e.g. the head of a chunked loss): their forward ends here,
+            # as FSDP2's; a module called later starts a new cycle
+            for st in self.ctx.all_states:
+                if st is not self and st._cycle and st.training_state is TrainingState.FORWARD:
+                    st._end_cycle()
         no_backward = not self.fw.grad_enabled()
         for st in self.ctx.all_states:  # prefetches nobody consumed
             if st.group is not None and st.group.training_state is TrainingState.IDLE:
