@@ -358,12 +358,12 @@ class FSDPParamGroup(UnitReduction):
         self._calls.add(call)
         return args, kwargs, call
 
-    def post_forward(self) -> None:
-        """After a forward cycle: reshard (``reshard_after_forward``; on-tape units always:
-        their tape holds the gathered values), and note the order for backward
-        prefetch."""
+    def post_forward(self, keep: bool = False) -> None:
+        """After a forward cycle: reshard (``reshard_after_forward`` unless ``keep``; on-tape
+        units always: their tape holds the gathered values), and note the order for
+        backward prefetch."""
         if not self.fw.in_backward():
-            if self.reshard_after_forward or self.on_tape:
+            if (self.reshard_after_forward and not keep) or self.on_tape:
                 self.reshard()
             self._post_forward_indices.append(len(self.comm.post_forward_order))
             self.comm.post_forward_order.append(self)

@@ -222,8 +222,15 @@ class FSDPState:
 
     def _end_cycle(self) -> None:
         self._cycle.clear()
-        if self.group is not None:
-            self.group.post_forward()
+        g = self.group
+        if g is not None:
+            # reshard_after_forward=None (FSDP's choice): the unit that ran last in the
+            # previous iteration's forward keeps its parameters too, as the root does: its
+            # backward comes first, so resharding would only gather them again at once
+            # (torchtitan sets reshard_after_forward=False on its last block for this)
+            order = self.comm.last_forward_order
+            last = bool(order) and order[-1] is g and self.auto_reshard
+            g.post_forward(keep=last and self.fw.grad_enabled())
         self.training_state = TrainingState.IDLE
 
     def _root_post_forward(self) -> None:
