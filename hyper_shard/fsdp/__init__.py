@@ -9,8 +9,8 @@ become 2-D DTensors on the ``("dp", "tp")`` mesh. See ``docs/fsdp.md``.
 
 One engine serves every framework: the layout (``_layout``), the collectives
 (``_collectives``, issued through the root's communication context ``_comm``), one
-parameter (``_param``), one unit's state machine (``_group``) and gradient reduction
-(``_reduce``), the root's coordination (``_state``) and the steps of ``fully_shard``
+parameter (``_param``), one unit's state machine (``_group``), gradient reduction
+(``_reduce``) and on-tape form (``_tape``), the root's coordination (``_state``) and the steps of ``fully_shard``
 (``_init``) are framework-neutral. A framework joins through one adapter in its platform
 package (``hyper_shard/platform/<framework>/fsdp.py``, see ``_adapter``): torch's drives
 the unit with module and autograd hooks; MindSpore's autograd is functional, so there a

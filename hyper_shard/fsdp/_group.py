@@ -36,20 +36,13 @@ import weakref
 from enum import Enum, auto
 from typing import Any
 
-from ._collectives import (
-    Pending,
-    all_gather_unit,
-    all_gather_value,
-    copy_out,
-    pack_shards,
-    unpack_params,
-)
+from ._collectives import Pending, all_gather_unit, copy_out
 from ._comm import CommContext
 from ._layout import FlatLayout
 from ._mesh import MeshInfo
 from ._param import FSDPParam
 from ._policy import MixedPrecisionPolicy
-from ._reduce import UnitReduction
+from ._tape import OnTapeUnit
 
 __all__ = ["TrainingState", "FSDPParamGroup", "check_one_dtype"]
 
@@ -93,7 +86,7 @@ def check_one_dtype(params: list[FSDPParam], dtype_of: Any, where: str) -> None:
         )
 
 
-class FSDPParamGroup(UnitReduction):
+class FSDPParamGroup(OnTapeUnit):
     """One unit (see the module docstring).
 
     Args:
@@ -219,59 +212,6 @@ class FSDPParamGroup(UnitReduction):
                 self._count("all_gather")
             pend.append((b, res))
         self._pending_gather = pend
-
-    def _unshard_on_tape(self) -> None:
-        """On-tape units: one differentiable all-gather per bucket whose backward is the
-        gradient reduction (:meth:`tape_reduce`), and the unsharded values cut out of it."""
-        assert self._buckets is not None
-        plat, c = self.plat, self.info.shard_coord
-        cache: list[tuple[FSDPParam, Any]] = []
-        for b in self._buckets:
-            params = [self.params[i] for i in b.indices]
-            chunk = pack_shards(
-                plat, b.layout, c, [p.to_flat_order(p.shard_local()) for p in params]
-            )
-            flat = self._gather_node(b, params, chunk)
-            if b.layout.n > 1:
-                self._count("all_gather")
-            with self.comm.record("FSDP::all_gather_copy_out"):
-                values = unpack_params(plat, b.layout, flat)
-                cache.extend((p, p.unsharded_value(v)) for p, v in zip(params, values))
-        self._tape_values = cache
-        self.show_tape_values()
-
-    def show_tape_values(self) -> None:
-        """On-tape units: register the values of the current forward cycle's gather (a
-        later module of the cycle computes with them; the values are registered only
-        while a module of the unit runs)."""
-        assert self._tape_values is not None
-        for p, v in self._tape_values:
-            p.to_unsharded(v)
-        self.unsharded = True
-
-    def _gather_node(self, b: _Bucket, params: list[FSDPParam], chunk: Any) -> Any:
-        """The gathered flat buffer of bucket ``b`` as one autograd node of the platform
-        (forward: cast to the compute dtype and all-gather; backward: :meth:`tape_reduce`)."""
-        plat, info, comm = self.plat, self.info, self.comm
-        layout, dtype = b.layout, b.dtype
-        orig = params[0].orig_dtype
-        rd = params[0].reduce_dtype or dtype
-        key = ("tape", tuple(b.indices))
-        group = info.shard_group() if layout.n > 1 else None
-
-        def gather(x: Any) -> Any:
-            if plat.tensor_meta(x).dtype != dtype:
-                x = plat.cast(x, dtype)
-            with self._frame("all-gather", params), comm.record("FSDP::all_gather"):
-                return all_gather_value(plat, group, layout, x)
-
-        def reduce(g: Any) -> Any:
-            return self.tape_reduce(layout, g, rd, orig, key)
-
-        if info.dp_size > 1:
-            return plat.custom_autograd(gather, reduce, chunk)
-        # one rank: no collective, a differentiable cast at most
-        return chunk if plat.tensor_meta(chunk).dtype == dtype else plat.cast(chunk, dtype)
 
     def _device_like(self) -> Any:
         dev = getattr(self, "_device_tensor", None)

@@ -19,13 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..flight.context import UnitFrame, stack
-from ._collectives import (
-    Pending,
-    all_reduce_unit,
-    reduce_scatter_unit,
-    reduce_scatter_value,
-    shard_views,
-)
+from ._collectives import Pending, all_reduce_unit, reduce_scatter_unit, shard_views
 from ._layout import FlatLayout
 from ._param import FSDPParam
 
@@ -188,36 +182,3 @@ class UnitReduction:
             if factor != 1:
                 flat = plat.scale(flat, 1.0 / factor)
         return flat
-
-    # ------------------------------------------------------------ value form
-    def tape_reduce(self, layout: FlatLayout, grad: Any, rd: Any, orig: Any, key: Any) -> Any:
-        """The backward of an on-tape unit's all-gather: the gradient of this rank's flat
-        chunk (``layout.chunk_numel`` elements, dtype ``orig``) from the gathered buffer's
-        gradient ``grad`` (zeros while gradients are accumulated or held)."""
-        plat, info = self.plat, self.info
-        g = plat.contiguous(plat.detach(grad))
-        if plat.tensor_meta(g).dtype != rd:
-            g = plat.cast(g, rd)
-        acc = self._partial_reduce.get(("acc", key))
-        if not self.reduce_grads:  # set_requires_gradient_sync(False): accumulate
-            self._partial_reduce[("acc", key)] = g if acc is None else acc + g
-            return self._zero_chunk(layout, orig)
-        if acc is not None:
-            g = g + self._partial_reduce.pop(("acc", key))
-        with self._frame("gradient reduce-scatter", self.params):
-            with self.comm.record("FSDP::reduce_scatter"):
-                group = info.shard_group() if layout.n > 1 else None
-                out = reduce_scatter_value(
-                    plat, group, layout, info.shard_coord, g, self._reduce_op()
-                )
-        if layout.n > 1:
-            self._count("reduce_scatter")
-        flat = self._after_reduce_scatter(Pending(out), key, self.params, inplace=False)
-        if flat is None:
-            return self._zero_chunk(layout, orig)
-        return plat.cast(flat, orig) if plat.tensor_meta(flat).dtype != orig else flat
-
-    def _zero_chunk(self, layout: FlatLayout, dtype: Any) -> Any:
-        return self.plat.new_tensor(
-            "zeros", (layout.chunk_numel,), None, dtype, self.info.mesh.device_type
-        )
