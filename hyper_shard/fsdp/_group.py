@@ -33,6 +33,7 @@ without backward leaves nothing pending.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from enum import Enum, auto
 from typing import Any
 
@@ -267,10 +268,13 @@ class FSDPParamGroup(OnTapeUnit):
         self.unsharded = False
 
     # ------------------------------------------------------------------ forward
-    def pre_forward(self) -> None:
-        """Before a forward cycle: all-gather (waiting for a prefetched one)."""
+    def pre_forward(self, prefetch: Callable[[], None] | None = None) -> None:
+        """Before a forward cycle: all-gather (waiting for a prefetched one); ``prefetch``
+        issues the next unit's all-gather between issuing this one and waiting for it."""
         self.training_state = TrainingState.FORWARD
         self.unshard(True)
+        if prefetch is not None:
+            prefetch()
         self.wait_for_unshard()
 
     def continue_forward(self) -> None:
@@ -321,9 +325,9 @@ class FSDPParamGroup(OnTapeUnit):
             return  # the user said backward needs none of the unit's parameters
         with self.comm.record(f"FSDP::pre_backward ({self.fqn})"):
             self.unshard(True)
-            self.wait_for_unshard()
-            if first and prefetch:
+            if first and prefetch:  # issued before waiting: the backend runs both in turn
                 self._backward_prefetch()
+            self.wait_for_unshard()
 
     def _backward_prefetch(self) -> None:
         if not self._post_forward_indices:

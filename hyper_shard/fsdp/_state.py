@@ -154,8 +154,7 @@ class FSDPState:
             if g is not None:
                 if first:
                     self.comm.pre_forward_order.append(g)
-                    g.pre_forward()
-                    self._forward_prefetch(g)
+                    g.pre_forward(lambda: self._forward_prefetch(g))
                 else:
                     g.continue_forward()
                 args, kwargs, call = g.track_call(args, kwargs)
