@@ -10,8 +10,14 @@ Every unit collective is issued through one :class:`CommContext`:
   iteration; backward: the reverse of this iteration's forward) and waited for at that
   unit's pre-forward / pre-backward hook; a unit's reduce-scatter is issued at its
   post-backward and completed when the next unit reduces (or at the end of backward),
-  so it overlaps the next unit's backward. A platform without async collectives runs
-  each collective to completion where it is issued (same values, no overlap).
+  so it overlaps the next unit's backward. On a host device (``"cpu"``) the backward
+  prefetch is issued synchronously: the host backend (gloo) runs a collective on a helper
+  thread with a scratch buffer of the output's size for as long as it is in flight, so an
+  all-gather still waiting for a slower rank would hold one unit's bytes more through the
+  unit's backward, its activation peak (FSDP2 runs every collective synchronously on
+  CPU); forward prefetches and reduce-scatters stay asynchronous there. A platform
+  without async collectives runs each collective to completion where it is issued (same
+  values, no overlap).
 * **in a profiler range** named as FSDP2 names them (``FSDP::all_gather``,
   ``FSDP::all_gather_copy_out``, ``FSDP::reduce_scatter``, ``FSDP::all_reduce``,
   ``FSDP::pre_forward``, ``FSDP::post_backward``...), through the adapter's
@@ -42,10 +48,15 @@ class CommContext:
         plat: the Platform (``async_collectives``).
     """
 
-    def __init__(self, adapter: Any = None, plat: Any = None) -> None:
+    def __init__(self, adapter: Any = None, plat: Any = None, device_type: str = "") -> None:
         self.adapter = adapter
         #: collectives return work handles (``Platform.async_collectives``)
         self.async_op = bool(getattr(plat, "async_collectives", False))
+        #: backward prefetches overlap the unit's backward: not on a host device, whose
+        #: backend runs a collective on a helper thread with an output-sized scratch buffer
+        #: for as long as it is in flight (gloo), which would stack on the backward's
+        #: activation peak (see the module note)
+        self.async_backward_prefetch = self.async_op and device_type.lower() != "cpu"
         self.post_forward_order: list[FSDPParamGroup] = []
         self.pre_forward_order: list[FSDPParamGroup] = []
         self.last_forward_order: list[FSDPParamGroup] = []

@@ -116,7 +116,7 @@ class FSDPParamGroup(OnTapeUnit):
         self.fw, self.plat = fw, plat
         self.offload = offload
         self.on_tape = bool(fw.gather_on_tape)
-        self.comm = CommContext(fw, plat)
+        self.comm = CommContext(fw, plat, info.mesh.device_type)
         self.counts: dict[str, int] = {}
         self.training_state = TrainingState.IDLE
         self.unsharded = False
@@ -345,8 +345,9 @@ class FSDPParamGroup(OnTapeUnit):
             return
         if state is TrainingState.PRE_BACKWARD and not self.unshard_in_backward:
             return
-        self.unshard(True)
-        self._count("prefetch_forward" if state is TrainingState.FORWARD else "prefetch_backward")
+        forward = state is TrainingState.FORWARD
+        self.unshard(forward or self.comm.async_backward_prefetch)
+        self._count("prefetch_forward" if forward else "prefetch_backward")
 
     def _call_done(self, call: _Call) -> None:
         """A call's post-backward node ran: its gradients have arrived; the unit reduces

@@ -10,6 +10,7 @@ from typing import Any
 from ..dtensor import DTensor
 from ..mesh import DeviceMesh
 from ._adapter import FSDPAdapter, adapter_for
+from ._comm import CommContext
 from ._group import FSDPParamGroup, check_one_dtype
 from ._mesh import MeshInfo
 from ._param import FSDPParam
@@ -327,9 +328,9 @@ def init_state(
     reshard_after_forward: bool | None,
 ) -> FSDPState:
     """The call's state, its forward hooks on every module, the class swap."""
-    state = FSDPState(
-        modules, group, fw, info.mesh.platform, mp_policy, reshard_after_forward is None
-    )
+    mesh = info.mesh
+    comm = group.comm if group is not None else CommContext(fw, mesh.platform, mesh.device_type)
+    state = FSDPState(modules, group, fw, comm, mp_policy, reshard_after_forward is None)
     for m in modules:
         fw.register_forward_hooks(m, state.pre_forward, state.post_forward)
         m.__dict__[FORWARD_HOOKS] = (state.pre_forward, state.post_forward)

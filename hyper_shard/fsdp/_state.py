@@ -52,7 +52,8 @@ class FSDPState:
     Args:
         modules: the modules of the call (several for a list).
         group: the unit of its parameters, or None.
-        fw: the framework adapter; plat: the Platform.
+        fw: the framework adapter.
+        comm: the communication context (the unit's, when there is a unit).
         mp: the mixed-precision policy (input/output casts).
         auto_reshard: ``reshard_after_forward`` was left to FSDP (the root keeps its
             parameters unsharded after forward).
@@ -63,7 +64,7 @@ class FSDPState:
         modules: tuple[Any, ...],
         group: FSDPParamGroup | None,
         fw: Any,
-        plat: Any,
+        comm: CommContext,
         mp: Any,
         auto_reshard: bool,
     ) -> None:
@@ -74,7 +75,7 @@ class FSDPState:
         self.auto_reshard = auto_reshard
         self.is_root: bool | None = None
         self.ctx = StateContext()
-        self.comm = group.comm if group is not None else CommContext(fw, plat)
+        self.comm = group.comm if group is not None else comm
         self.training_state = TrainingState.IDLE
         self.forward_prefetch: list[FSDPState] | None = None
         self.backward_prefetch: list[FSDPState] | None = None
