@@ -471,3 +471,51 @@ def check_no_grad_forward_first(rank, world):
 
 def test_fsdp_no_grad_forward_before_optimizer(dist2):
     assert dist2.run(check_no_grad_forward_first) == [True, True]
+
+
+def check_profiler_ranges(rank, world):
+    """Every collective of a training step runs inside an FSDP profiler range named as
+    FSDP2 names them (``FSDP::all_gather``, ``FSDP::reduce_scatter``), and the forward
+    prefetch is issued ahead: the root's pre-forward issues its own all-gather and the
+    next unit's before waiting (two all-gathers inside one ``FSDP::pre_forward``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from hyper_shard import init_device_mesh
+    from tests.dist._fsdp_models import loss_of
+
+    mesh = init_device_mesh("cpu", (world,))
+    model = _shard(make_net(), mesh)
+    data = batches(2, world)
+    train(model, data[:1], rank, world)  # the forward order of an iteration
+    ids, y = data[1][0].chunk(world)[rank], data[1][1].chunk(world)[rank]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loss_of(model(ids), y).backward()
+    names: dict[str, int] = {}
+    outside = []
+    gathers_per_pre_forward = []
+
+    def gathers_in(e) -> int:  # noqa: ANN001
+        own = e.name == "c10d::_allgather_base_"
+        return int(own) + sum(gathers_in(c) for c in e.children)
+
+    stack = [(e, ()) for e in prof.profiler.kineto_results.experimental_event_tree()]
+    while stack:
+        e, path = stack.pop()
+        stack.extend((c, (*path, e.name)) for c in e.children)
+        if e.name.startswith("FSDP::"):
+            names[e.name] = names.get(e.name, 0) + 1
+        if e.name == "FSDP::pre_forward":
+            gathers_per_pre_forward.append(gathers_in(e))
+        if e.name in ("c10d::_allgather_base_", "c10d::_reduce_scatter_base_"):
+            if not any(p in ("FSDP::all_gather", "FSDP::reduce_scatter") for p in path):
+                outside.append((e.name, path))
+    assert not outside, outside
+    for want in ("FSDP::all_gather", "FSDP::reduce_scatter", "FSDP::post_forward"):
+        assert names.get(want, 0) >= 1, (want, names)
+    return sorted(gathers_per_pre_forward, reverse=True)[:2]
+
+
+def test_fsdp_profiler_ranges_name_every_collective(dist2):
+    out = dist2.run(check_profiler_ranges)
+    # the root's pre-forward: its own all-gather and blocks[0]'s; blocks[0]'s: blocks[1]'s
+    assert out == [[2, 1], [2, 1]], out
