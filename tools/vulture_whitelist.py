@@ -76,10 +76,6 @@ _.read_data
 
 _.as_dict  # flight Record.as_dict(): for users' logs (hyper_shard.debug.recent_ops)
 
-# fsdp/_mindspore.py: a unit's all-gather counter (tests and users read it)
-_.gathers
-_.reduces  # and its gradient-reduction counter (test_ms_fsdp_policies.py)
-
 # _register_sharding.unregister: drops a register_sharding strategy (tests restore the registry)
 _.unregister
 

@@ -7,10 +7,15 @@ collective after backward. A 2-D ``("replicate", "shard")`` mesh gives HSDP; par
 made tensor-parallel by ``hyper_shard.parallel.parallelize_module`` on ``mesh["tp"]``
 become 2-D DTensors on the ``("dp", "tp")`` mesh. See ``docs/fsdp.md``.
 
-The core (layout, collectives, the unit's state machine, root coordination) is
-framework-neutral; ``_torch.py`` is the torch adapter (module and autograd hooks);
-``_mindspore.py`` runs ``fully_shard`` on MindSpore Cells (a unit is one differentiable
-all-gather whose backward is the reduce-scatter: MindSpore's autograd is functional).
+One engine serves every framework: the layout (``_layout``), the collectives
+(``_collectives``, issued through the root's communication context ``_comm``), one
+parameter (``_param``), one unit's state machine (``_group``), gradient reduction
+(``_reduce``) and on-tape form (``_tape``), the root's coordination (``_state``) and the steps of ``fully_shard``
+(``_init``) are framework-neutral. A framework joins through one adapter in its platform
+package (``hyper_shard/platform/<framework>/fsdp.py``, see ``_adapter``): torch's drives
+the unit with module and autograd hooks; MindSpore's autograd is functional, so there a
+unit's all-gather is one differentiable node whose backward is the engine's
+reduce-scatter.
 """
 
 from __future__ import annotations

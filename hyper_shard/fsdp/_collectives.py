@@ -1,9 +1,21 @@
 """A unit's collectives as plain functions: copy-in to a flat buffer, one collective,
-copy-out as views (framework-neutral: every tensor operation goes through the Platform).
+copy-out (framework-neutral: every tensor operation goes through the Platform).
 
-Tests call these with no model: ``all_gather_unit`` + ``copy_out`` on a few tensors must
-give every parameter's unsharded value, ``reduce_scatter_unit`` + ``shard_views`` every
-parameter's reduced shard (see :mod:`hyper_shard.fsdp._layout` for the layout).
+Two forms of the same collectives (see [Note: FSDP adapters] in :mod:`._adapter`):
+
+* **buffers** (hook-driven units): copy-in into the all-gather output's own chunk, an
+  in-place collective on preallocated flat buffers (``Platform.all_gather_into`` /
+  ``reduce_scatter_into`` / ``all_reduce_into``, asynchronous where the platform has work
+  handles), copy-out into each parameter's persistent buffer;
+* **values** (on-tape units): the same layout built with differentiable local ops
+  (:func:`pack_shards`, :func:`unpack_params`) around collectives that return new tensors
+  (:func:`all_gather_value`, :func:`reduce_scatter_value`), run inside one
+  ``Platform.custom_autograd`` node per unit.
+
+Tests call these with no model: ``all_gather_unit`` + ``copy_out`` (or ``pack_shards`` +
+``all_gather_value`` + ``unpack_params``) on a few tensors must give every parameter's
+unsharded value, ``reduce_scatter_unit`` + ``shard_views`` (or ``reduce_scatter_value``)
+every parameter's reduced shard (see :mod:`hyper_shard.fsdp._layout` for the layout).
 """
 
 from __future__ import annotations
@@ -20,6 +32,11 @@ __all__ = [
     "reduce_scatter_unit",
     "shard_views",
     "all_reduce_unit",
+    "pack_shards",
+    "unpack_params",
+    "all_gather_value",
+    "reduce_scatter_value",
+    "reduce_scatter_by_all_reduce",
 ]
 
 
@@ -51,6 +68,7 @@ class Pending:
         return self.flat
 
 
+# ---------------------------------------------------------------------- buffers
 def all_gather_unit(
     plat: Any,
     group: Any,
@@ -61,14 +79,14 @@ def all_gather_unit(
     like: Any,
     async_op: bool = False,
 ) -> Pending:
-    """All-gather a unit's shards in one collective.
+    """All-gather a unit's shards in one collective (buffer form).
 
     Args:
         plat: the Platform; group: the shard mesh dim's group; coord: this rank's
             coordinate on it.
         layout: the unit's :class:`FlatLayout`.
-        shards: this rank's shard of every parameter (plain local tensors, any dtype:
-            cast to ``dtype`` on the way in).
+        shards: this rank's shard of every parameter (plain local tensors in flat order,
+            any dtype: cast to ``dtype`` on the way in).
         dtype: the all-gather dtype (``param_dtype`` under mixed precision).
         like: a tensor on the device the buffer lives on.
         async_op: run asynchronously where the backend can (``Pending.wait`` completes).
@@ -110,7 +128,7 @@ def reduce_scatter_unit(
     op: str = "avg",
     async_op: bool = False,
 ) -> Pending:
-    """Reduce-scatter a unit's unsharded gradients in one collective.
+    """Reduce-scatter a unit's unsharded gradients in one collective (buffer form).
 
     Args:
         grads: each parameter's unsharded gradient (plain local tensors of the layout's
@@ -129,7 +147,7 @@ def reduce_scatter_unit(
         return Pending(inp)
     out = plat.empty_flat(layout.chunk_numel, reduce_dtype, like)
     work = plat.reduce_scatter_into(out, inp, op, group, async_op)
-    return Pending(out, work, keep=inp)
+    return Pending(out, work, keep=inp if work is not None else None)
 
 
 def shard_views(plat: Any, layout: FlatLayout, coord: int, flat: Any) -> list[Any]:
@@ -139,7 +157,74 @@ def shard_views(plat: Any, layout: FlatLayout, coord: int, flat: Any) -> list[An
 
 
 def all_reduce_unit(
-    plat: Any, group: Any, flat: Any, op: str = "avg", async_op: bool = False
+    plat: Any, group: Any, flat: Any, op: str = "avg", async_op: bool = False, inplace: bool = True
 ) -> Pending:
-    """All-reduce a flat buffer in place (HSDP's replicate mesh dim)."""
+    """All-reduce a flat buffer (HSDP's replicate mesh dim): in place (buffer form), or
+    into a new tensor (value form)."""
+    if not inplace:
+        return Pending(plat.all_reduce(flat, op, group))
     return Pending(flat, plat.all_reduce_into(flat, op, group, async_op))
+
+
+# ---------------------------------------------------------------------- values
+def pack_shards(plat: Any, layout: FlatLayout, coord: int, shards: Sequence[Any]) -> Any:
+    """This rank's chunk of the flat buffer (``layout.chunk_numel`` elements) built with
+    differentiable local ops: each shard (flat order) flattened and zero-padded to its
+    slot, concatenated."""
+    pieces = []
+    for slot, shard in zip(layout.slots, shards):
+        flat = plat.reshape(shard, (slot.shard_numel(coord),))
+        if slot.shard_numel(coord) != slot.slot_numel:
+            flat = plat.pad_dim(flat, 0, slot.slot_numel)
+        pieces.append(flat)
+    return plat.cat(pieces, 0)
+
+
+def unpack_params(plat: Any, layout: FlatLayout, flat: Any) -> list[Any]:
+    """Each parameter's unsharded value (flat order, its ``slot.shape``) cut out of a
+    gathered flat buffer with differentiable local ops."""
+    S = layout.chunk_numel
+    out = []
+    for slot in layout.slots:
+        rows = [
+            plat.narrow(flat, 0, c * S + slot.offset, slot.shard_numel(c))
+            for c in range(layout.n)
+            if slot.rows[c]
+        ]
+        out.append(plat.reshape(plat.cat(rows, 0), slot.shape))
+    return out
+
+
+def all_gather_value(plat: Any, group: Any, layout: FlatLayout, chunk: Any) -> Any:
+    """The gathered flat buffer (``layout.total_numel`` elements, chunk ``c`` from mesh
+    coordinate ``c``) of every rank's ``chunk`` (value form)."""
+    if layout.n == 1:
+        return chunk
+    return plat.cat(plat.all_gather(chunk, group, layout.n), 0)
+
+
+def reduce_scatter_value(
+    plat: Any, group: Any, layout: FlatLayout, coord: int, flat: Any, op: str = "avg"
+) -> Any:
+    """This rank's chunk (``layout.chunk_numel`` elements) of the reduction of every rank's
+    flat buffer (value form): the platform's reduce-scatter where it has one, else
+    :func:`reduce_scatter_by_all_reduce`."""
+    n, S = layout.n, layout.chunk_numel
+    if n == 1:
+        return flat
+    if "reduce_scatter" in plat.native_collectives:
+        pieces = [plat.narrow(flat, 0, c * S, S) for c in range(n)]
+        return plat.reduce_scatter(pieces, op, group)
+    return reduce_scatter_by_all_reduce(plat, group, coord, flat, S, op)
+
+
+def reduce_scatter_by_all_reduce(
+    plat: Any, group: Any, coord: int, flat: Any, k: int, op: str = "avg"
+) -> Any:
+    """A reduce-scatter composed from an all-reduce (for a backend without one, e.g.
+    MindSpore's mccl on CPU): the reduction of every rank's ``flat`` (``n * k``
+    elements), of which this rank (mesh coordinate ``coord``) keeps chunk ``coord`` as an
+    owned tensor. The same bytes arrive as a native reduce-scatter's input, ``n`` times
+    the output."""
+    full = plat.all_reduce(flat, op, group)
+    return plat.clone(plat.narrow(full, 0, coord * k, k))

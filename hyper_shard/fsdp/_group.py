@@ -1,10 +1,11 @@
 """One FSDP unit: the parameters of one ``fully_shard`` call, communicated together
-(framework-neutral state machine).
+(framework-neutral state machine; both kinds of unit, see [Note: FSDP adapters]).
 
 Per unit and step: one all-gather before forward, a second before backward when
-``reshard_after_forward``, one reduce-scatter of the gradients after backward (and, for
-HSDP, one all-reduce of the reduced shard over the replicate dim). Each is a single
-collective over a flat buffer (one per all-gather dtype, which is one in practice).
+``reshard_after_forward`` (hook-driven units), one reduce-scatter of the gradients after
+backward (and, for HSDP, one all-reduce of the reduced shard over the replicate dim).
+Each is a single collective over a flat buffer (one per all-gather dtype, which is one in
+practice), issued through the root's :class:`~._comm.CommContext`.
 
 States: ``sharded`` (the sharded parameters are registered on the modules; the only
 parameter memory) or ``unsharded`` (the unsharded parameters are registered); a training
@@ -12,38 +13,39 @@ state (``IDLE``, ``FORWARD``, ``PRE_BACKWARD``, ``POST_BACKWARD``) says which ho
 last, so that hooks firing again in one pass (several outputs, a recomputed forward)
 do nothing twice.
 
-A unit called several times in one forward (``self.a(x) + self.a(2 * x)``) has one
-post-backward hook per call whose inputs require grad: it reduces and reshards at the
-last of them, so that the other calls' backward still finds the unsharded parameters
-(autograd saved them) and the gradient is reduce-scattered once. Every pre-backward hook
-(one per call) makes sure the unit is unsharded, so a unit resharded early (a call whose
-inputs need no gradient has no post-backward hook, the count runs short) is gathered
-again and the end-of-backward callback reduces the rest (as FSDP2: every call's
-pre-backward unshards).
+[Note: FSDP unit lifetime]
+A hook-driven unit frees its unsharded parameters in backward only once no gradient of
+it is still pending. Every forward call of one of its modules whose outputs need a
+gradient is a *call* (:class:`_Call`): a hook on its outputs (pre-backward: unshard
+again if resharded) and, where its inputs require grad, an autograd node on its inputs
+(post-backward: this call's gradients have arrived). The unit reduces and reshards when
+its last pending call completes; a call whose inputs need no gradient completes at the
+end of the backward pass that ran it (the engine's final callback). So a unit called
+several times in one forward reduce-scatters once, and a unit whose backward runs in
+pieces (the chunked loss: ``fully_shard([norm, head])``, the head called per chunk with
+each chunk's loss backpropagated at once, then the norm's backward from the saved
+gradient; two backward passes through one unit) stays unsharded until the last piece:
+at the end of a pass that leaves calls pending, the gradients that arrived are reduced
+and the unit stays unsharded. Calls are held weakly: a forward whose graph is dropped
+without backward leaves nothing pending.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+import weakref
+from collections.abc import Callable
 from enum import Enum, auto
 from typing import Any
 
-from ..flight.context import UnitFrame, stack
-from ._collectives import (
-    Pending,
-    all_gather_unit,
-    all_reduce_unit,
-    copy_out,
-    reduce_scatter_unit,
-    shard_views,
-)
+from ._collectives import Pending, all_gather_unit, copy_out
+from ._comm import CommContext
 from ._layout import FlatLayout
 from ._mesh import MeshInfo
 from ._param import FSDPParam
 from ._policy import MixedPrecisionPolicy
+from ._tape import OnTapeUnit
 
-__all__ = ["TrainingState", "FSDPParamGroup", "CommContext"]
+__all__ = ["TrainingState", "FSDPParamGroup", "check_one_dtype"]
 
 
 class TrainingState(Enum):
@@ -53,21 +55,15 @@ class TrainingState(Enum):
     POST_BACKWARD = auto()
 
 
-class CommContext:
-    """State shared by the units of one root: the order units ran in (for prefetch), the
-    reduce-scatters still in flight, and counters of the collectives issued."""
+class _Call:
+    """One forward call of a module of a unit whose backward is still to come (see
+    [Note: FSDP unit lifetime])."""
+
+    __slots__ = ("hooked", "started", "__weakref__")
 
     def __init__(self) -> None:
-        self.post_forward_order: list[FSDPParamGroup] = []
-        self.pre_forward_order: list[FSDPParamGroup] = []
-        self.last_forward_order: list[FSDPParamGroup] = []
-        self.pending_reduces: list[FSDPParamGroup] = []
-        #: reduce-scatters allowed in flight before the oldest is completed
-        self.max_pending_reduces = 1
-        self.counts: dict[str, int] = {}
-
-    def count(self, kind: str) -> None:
-        self.counts[kind] = self.counts.get(kind, 0) + 1
+        self.hooked = False  # an autograd node on its inputs reports its completion
+        self.started = False  # its pre-backward hook ran
 
 
 class _Bucket:
@@ -79,12 +75,24 @@ class _Bucket:
         self.dtype, self.indices, self.layout = dtype, indices, layout
 
 
-class FSDPParamGroup:
+def check_one_dtype(params: list[FSDPParam], dtype_of: Any, where: str) -> None:
+    """Raises ValueError if the trainable parameters have several dtypes (a unit reduces
+    its gradients in one dtype)."""
+    trainable = {str(dtype_of(p)) for p in params if p.requires_grad}
+    if len(trainable) > 1:
+        raise ValueError(
+            f"fully_shard({where}): trainable parameters of several dtypes in one unit "
+            f"({sorted(trainable)}); FSDP reduces a unit's gradients in one dtype. Cast the "
+            f"module to one dtype first, or fully_shard the parts separately"
+        )
+
+
+class FSDPParamGroup(OnTapeUnit):
     """One unit (see the module docstring).
 
     Args:
         params: its parameters.
-        modules: the modules ``fully_shard`` was applied to (one).
+        modules: the modules ``fully_shard`` was applied to.
         info: the data-parallel mesh.
         mp: the mixed-precision policy.
         fw: the framework adapter; plat: the Platform.
@@ -107,19 +115,17 @@ class FSDPParamGroup:
         self.mp = mp
         self.fw, self.plat = fw, plat
         self.offload = offload
-        self.comm = CommContext()
+        self.on_tape = bool(fw.gather_on_tape)
+        self.comm = CommContext(fw, plat, info.mesh.device_type)
+        self.counts: dict[str, int] = {}
         self.training_state = TrainingState.IDLE
         self.unsharded = False
         self.reshard_after_forward = True
         self.reshard_after_backward = True
         self.reduce_grads = True
         self.all_reduce_grads = True
-        self.async_prefetch = True
-        #: set_gradient_divide_factor: divide the summed gradients by this (None: mean)
         self.gradient_divide_factor: float | None = None
-        #: set_force_sum_reduction_for_comms: collectives reduce with "sum" only
         self.force_sum_reduction = False
-        #: set_all_reduce_hook: called with the reduced flat gradient buffer
         self.all_reduce_hook: Any = None
         #: set_unshard_in_backward(False): backward uses no parameter of the unit
         self.unshard_in_backward = True
@@ -132,9 +138,11 @@ class FSDPParamGroup:
         self._rs_layouts: dict[tuple[int, ...], FlatLayout] = {}
         self._post_forward_indices: list[int] = []
         self._gathered_versions: list[Any] = []
-        self._partial_reduce: dict[tuple[int, ...], Any] = {}
-        #: post-backward hooks placed in forward whose backward has not run yet
-        self._hooked_calls = 0
+        self._partial_reduce: dict[Any, Any] = {}
+        #: on-tape units: the current forward cycle's unsharded values
+        self._tape_values: list[tuple[FSDPParam, Any]] | None = None
+        #: calls whose gradients are still pending (weakly held: see the module note)
+        self._calls: weakref.WeakSet[_Call] = weakref.WeakSet()
 
     # ------------------------------------------------------------------ init
     def lazy_init(self) -> None:
@@ -154,16 +162,7 @@ class FSDPParamGroup:
         for p in self.params:
             p.reset_sharded_param()
             p.init_dtypes(self.mp.param_dtype, self.mp.reduce_dtype)
-        trainable = {str(p.orig_dtype) for p in self.params if p.requires_grad}
-        if len(trainable) > 1:
-            raise ValueError(
-                f"fully_shard({self.fqn or 'root'}): trainable parameters of dtypes "
-                f"{sorted(trainable)} in one unit; FSDP reduces a unit's gradients in one "
-                f"dtype. Cast the module to one dtype, or fully_shard the parts separately"
-            )
-        self._build_buckets()
-
-    def _build_buckets(self) -> None:
+        check_one_dtype(self.params, lambda p: p.orig_dtype, self.fqn or "root")
         by_dtype: dict[str, list[int]] = {}
         dtypes: dict[str, Any] = {}
         for i, p in enumerate(self.params):
@@ -180,17 +179,20 @@ class FSDPParamGroup:
     def unshard(self, async_op: bool = False) -> None:
         """Start the all-gather of the unit (no-op if already started, or unsharded and
         still current: unsharded parameters kept past backward are gathered again once
-        the optimizer changed a shard)."""
+        the optimizer changed a shard). On-tape units gather synchronously, afresh."""
         if self._pending_gather is not None:
             return
         if self.unsharded:
-            if self._gathered_versions == self._shard_versions():
+            if not self.on_tape and self._gathered_versions == self._shard_versions():
                 return
             self.reshard()
         if self._buckets is None:
             self.lazy_init()
         assert self._buckets is not None
-        plat, info = self.plat, self.info
+        if self.on_tape:
+            self._unshard_on_tape()
+            return
+        plat, info, comm = self.plat, self.info, self.comm
         group = info.shard_group() if info.shard_size > 1 else None
         pend = []
         for b in self._buckets:
@@ -202,11 +204,13 @@ class FSDPParamGroup:
                 locals_ = [self.fw.to_device(t, self._device_like()) for t in locals_]
                 like = locals_[0]
             with self._frame("all-gather", [self.params[i] for i in b.indices]):
-                res = all_gather_unit(
-                    plat, group, info.shard_coord, b.layout, locals_, b.dtype, like, async_op
-                )
+                with comm.record("FSDP::all_gather"):
+                    res = all_gather_unit(
+                        plat, group, info.shard_coord, b.layout, locals_, b.dtype, like,
+                        async_op and comm.async_op,
+                    )  # fmt: skip
             if b.layout.n > 1:
-                self.comm.count("all_gather")
+                self._count("all_gather")
             pend.append((b, res))
         self._pending_gather = pend
 
@@ -224,16 +228,18 @@ class FSDPParamGroup:
         if pend is None:
             return
         self._pending_gather = None
-        for b, res in pend:
-            flat = res.wait()
-            outs = [
-                self.params[i].buffer_for(s.slot_numel, flat)
-                for i, s in zip(b.indices, b.layout.slots)
-            ]
-            with self.fw.preserve_versions(outs):
-                copy_out(self.plat, b.layout, flat, outs)
-        for p in self.params:
-            p.to_unsharded()
+        with self.comm.record("FSDP::all_gather_copy_out"):
+            for b, res in pend:
+                flat = res.wait()
+                outs = [
+                    self.params[i].buffer_for(s.slot_numel, flat)
+                    for i, s in zip(b.indices, b.layout.slots)
+                ]
+                with self.fw.preserve_versions(outs):
+                    copy_out(self.plat, b.layout, flat, outs)
+                del flat, res
+            for p in self.params:
+                p.to_unsharded()
         self.unsharded = True
         self._gathered_versions = self._shard_versions()
 
@@ -250,50 +256,78 @@ class FSDPParamGroup:
                 res.wait()
             self._pending_gather = None
 
-    def reshard(self) -> None:
-        """Register the sharded parameters again and free the unsharded memory."""
+    def reshard(self, keep_tape_values: bool = False) -> None:
+        """Register the sharded parameters again and free the unsharded memory (on-tape
+        units: forget the cycle's gathered values unless ``keep_tape_values``)."""
+        if not keep_tape_values:
+            self._tape_values = None
         if not self.unsharded:
             return
         for p in self.params:
             p.to_sharded()
         self.unsharded = False
 
-    # ------------------------------------------------------------------ hooks
-    def pre_forward(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        first = self.training_state is not TrainingState.FORWARD
+    # ------------------------------------------------------------------ forward
+    def pre_forward(self, prefetch: Callable[[], None] | None = None) -> None:
+        """Before a forward cycle: all-gather (waiting for a prefetched one); ``prefetch``
+        issues the next unit's all-gather between issuing this one and waiting for it."""
         self.training_state = TrainingState.FORWARD
-        self.unshard(self.async_prefetch)
+        self.unshard(True)
+        if prefetch is not None:
+            prefetch()
         self.wait_for_unshard()
-        if first:
-            args, kwargs, hooked = self.fw.hook_inputs(args, kwargs, self._post_backward_hook)
-            if hooked:
-                self._hooked_calls += 1
-        return args, kwargs
 
-    def reset_backward_count(self) -> None:
-        """Forget the post-backward hooks of forwards whose backward never ran (a new
-        iteration starts)."""
-        self._hooked_calls = 0
+    def continue_forward(self) -> None:
+        """Before a later module of the current forward cycle: its gathered values (an
+        on-tape unit's), or an all-gather if the unit was resharded since."""
+        if self.on_tape and self._tape_values is not None:
+            self.show_tape_values()
+        elif not self.unsharded:
+            self.pre_forward()
 
-    def post_forward(self) -> None:
+    def after_call(self) -> None:
+        """After each module call of the unit: an on-tape unit shows its sharded
+        parameters again (its values live on the tape; the cycle keeps them)."""
+        if self.on_tape:
+            self.reshard(keep_tape_values=True)
+
+    def track_call(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, _Call | None]:
+        """A forward call of one of the unit's modules (hook-driven units): the call to
+        pass to :meth:`hook_call_outputs`, its inputs rebuilt with the post-backward
+        node (see [Note: FSDP unit lifetime])."""
+        if self.on_tape or not self.fw.grad_enabled():
+            return args, kwargs, None
+        call = _Call()
+        args, kwargs, call.hooked = self.fw.hook_inputs(args, kwargs, lambda: self._call_done(call))
+        self._calls.add(call)
+        return args, kwargs, call
+
+    def post_forward(self, keep: bool = False) -> None:
+        """After a forward cycle: reshard (``reshard_after_forward`` unless ``keep``; on-tape
+        units always: their tape holds the gathered values), and note the order for
+        backward prefetch."""
         if not self.fw.in_backward():
-            if self.reshard_after_forward:
+            if (self.reshard_after_forward and not keep) or self.on_tape:
                 self.reshard()
             self._post_forward_indices.append(len(self.comm.post_forward_order))
             self.comm.post_forward_order.append(self)
         self.training_state = TrainingState.IDLE
 
-    def pre_backward(self, prefetch: bool = True) -> None:
+    # ------------------------------------------------------------------ backward
+    def pre_backward(self, call: _Call | None, prefetch: bool = True) -> None:
         """Before the backward of one call of the unit: unshard (a no-op while unsharded;
-        again if an earlier call's post-backward resharded), and prefetch at the first."""
+        again if resharded since), and prefetch at the unit's first."""
+        if call is not None:
+            call.started = True
         first = self.training_state is not TrainingState.PRE_BACKWARD
         self.training_state = TrainingState.PRE_BACKWARD
         if not self.unshard_in_backward:
             return  # the user said backward needs none of the unit's parameters
-        self.unshard()
-        self.wait_for_unshard()
-        if first and prefetch:
-            self._backward_prefetch()
+        with self.comm.record(f"FSDP::pre_backward ({self.fqn})"):
+            self.unshard(True)
+            if first and prefetch:  # issued before waiting: the backend runs both in turn
+                self._backward_prefetch()
+            self.wait_for_unshard()
 
     def _backward_prefetch(self) -> None:
         if not self._post_forward_indices:
@@ -306,34 +340,46 @@ class FSDPParamGroup:
 
     def prefetch(self, state: TrainingState) -> None:
         """Start this unit's all-gather ahead of its hook (asynchronously where the
-        backend can)."""
-        if self.unsharded or self._pending_gather is not None:
+        platform can; nothing to do for on-tape units, which gather in their forward)."""
+        if self.on_tape or self.unsharded or self._pending_gather is not None:
             return
         if state is TrainingState.PRE_BACKWARD and not self.unshard_in_backward:
             return
-        self.unshard(self.async_prefetch)
-        self.comm.count(
-            "prefetch_forward" if state is TrainingState.FORWARD else "prefetch_backward"
-        )
+        forward = state is TrainingState.FORWARD
+        self.unshard(forward or self.comm.async_backward_prefetch)
+        self._count("prefetch_forward" if forward else "prefetch_backward")
 
-    # ------------------------------------------------------------------ backward
-    def _post_backward_hook(self) -> None:
-        """The backward of one call is done: reduce after the last call's."""
-        self._hooked_calls -= 1
-        if self._hooked_calls > 0:
-            return  # other calls' backward still needs the unsharded parameters
-        self.post_backward()
+    def _call_done(self, call: _Call) -> None:
+        """A call's post-backward node ran: its gradients have arrived; the unit reduces
+        and reshards once no call is pending."""
+        self._calls.discard(call)
+        if not self._calls:
+            with self.comm.record(f"FSDP::post_backward ({self.fqn})"):
+                self.post_backward()
 
-    def post_backward(self) -> None:
-        """The unit's gradients are complete: reduce-scatter them into the sharded
-        parameters' gradients (accumulating), and reshard."""
+    def end_backward_pass(self) -> None:
+        """The engine's final callback: calls whose backward ran in this pass are complete;
+        the unit reduces what arrived, and reshards unless calls are still pending."""
+        for call in list(self._calls):
+            if call.started:
+                self._calls.discard(call)
+        if self.training_state is not TrainingState.POST_BACKWARD:
+            self.post_backward(reshard=not self._calls)
+        self.training_state = TrainingState.IDLE
+
+    def post_backward(self, reshard: bool = True) -> None:
+        """Reduce-scatter the unit's gradients into the sharded parameters' gradients
+        (accumulating), and reshard (unless ``reshard`` is False: calls still pending)."""
         self.training_state = TrainingState.POST_BACKWARD
+        if self.on_tape:
+            return  # the all-gather node's backward reduced already
         fw = self.fw
+        reshard = reshard and self.reshard_after_backward
         with fw.no_grad():
             if not self.reduce_grads:
                 for p in self.params:
                     self._accumulate_unsynced(p)
-                if self.reshard_after_backward:
+                if reshard:
                     self.reshard()
                 return
             with_grad: list[FSDPParam] = []
@@ -343,17 +389,17 @@ class FSDPParamGroup:
                     continue
                 g = fw.raw_grad(p.unsharded)
                 if p.acc_grad is not None:
-                    g = p.acc_grad if g is None else _add(p.acc_grad, g)
+                    g = p.acc_grad if g is None else p.acc_grad + g
                     p.acc_grad = None
                 if g is None:
-                    if not (self.reduce_scatter_unused_params and p.requires_grad):
+                    if not (self.reduce_scatter_unused_params and p.requires_grad and reshard):
                         continue
                     # ranks that used it reduce a gradient: join with zeros (as FSDP2)
                     g = p.zero_grad()
                 fw.set_raw_grad(p.unsharded, None)
                 with_grad.append(p)
                 grads.append(g)
-            if self.reshard_after_backward:
+            if reshard:
                 self.reshard()
             if not with_grad:
                 return
@@ -369,108 +415,7 @@ class FSDPParamGroup:
             return
         self.fw.set_raw_grad(p.unsharded, None)
         g = self.plat.cast(g, p.reduce_dtype)
-        p.acc_grad = g if p.acc_grad is None else _add(p.acc_grad, g)
-
-    def _reduce(self, params: list[FSDPParam], grads: list[Any]) -> None:
-        """Start the reduce-scatter of ``grads``; the oldest reduce still in flight beyond
-        the context's limit is completed first (and this unit's own earlier one)."""
-        comm = self.comm
-        if self._pending_reduce is not None:
-            self.finish_reduce()
-        while len(comm.pending_reduces) >= comm.max_pending_reduces:
-            comm.pending_reduces.pop(0).finish_reduce()
-        key = tuple(id(p) for p in params)
-        layout = self._rs_layouts.get(key)
-        if layout is None:
-            layout = self._rs_layouts[key] = FlatLayout(
-                [p.flat_shape for p in params], self.info.shard_size
-            )
-        grads = [p.to_flat_order(g) for p, g in zip(params, grads)]
-        rd = params[0].reduce_dtype or self.plat.tensor_meta(grads[0]).dtype
-        info = self.info
-        group = info.shard_group() if info.shard_size > 1 else None
-        with self._frame("gradient reduce-scatter", params):
-            pend = reduce_scatter_unit(
-                self.plat,
-                group,
-                layout,
-                grads,
-                rd,
-                grads[0],
-                self._reduce_op(),
-                self.async_prefetch,
-            )
-        if layout.n > 1:
-            comm.count("reduce_scatter")
-        self._pending_reduce = (params, layout, pend, rd)
-        comm.pending_reduces.append(self)
-
-    def finish_reduce(self) -> None:
-        """Complete this unit's reduce-scatter (and HSDP all-reduce) and store the
-        gradients on the sharded parameters."""
-        if self._pending_reduce is None:
-            return
-        params, layout, pend, rd = self._pending_reduce
-        self._pending_reduce = None
-        if self in self.comm.pending_reduces:
-            self.comm.pending_reduces.remove(self)
-        plat, fw, info = self.plat, self.fw, self.info
-        flat = pend.wait()
-        if info.replicate_size > 1:
-            # HSDP without the all-reduce (set_requires_all_reduce(False)): the shard-reduced
-            # sums wait here and join the next reduce that all-reduces (as FSDP2)
-            key = tuple(id(p) for p in params)
-            held = self._partial_reduce.pop(key, None)
-            if held is not None:
-                flat = _add(flat, held)
-            if not self.all_reduce_grads:
-                self._partial_reduce[key] = flat
-                return
-            with self._frame("gradient all-reduce", params):
-                all_reduce_unit(plat, info.replicate_group(), flat, self._reduce_op()).wait()
-            self.comm.count("all_reduce")
-        if self.all_reduce_hook is not None:
-            self.all_reduce_hook(flat)
-        if self._reduce_op() == "sum":
-            factor = self.gradient_divide_factor
-            if factor is None:
-                factor = float(info.dp_size)
-            if factor != 1:
-                flat = plat.scale(flat, 1.0 / factor)
-        orig = params[0].orig_dtype
-        if rd != orig:
-            flat = plat.cast(flat, orig)
-        c = info.shard_coord
-        views = shard_views(plat, layout, c, flat)
-        with fw.no_grad():
-            for p, v, slot in zip(params, views, layout.slots):
-                g = plat.reshape(v, slot.shard_shape(c))
-                if p.shard_dim:
-                    g = plat.contiguous(p.from_flat_order(g))
-                if self.offload:
-                    g = fw.to_host(g, p.pin)
-                self._store_grad(p, g)
-
-    @contextmanager
-    def _frame(self, what: str, params: Sequence[FSDPParam]) -> Iterator[None]:
-        """Name the unit and its parameters to a collective's error, ``recent_ops()`` and
-        the consistency mode's fingerprint (ranks reducing different parameters of a unit,
-        or different units, then raise a DivergenceError naming both instead of mixing
-        gradients of equal-sized buffers)."""
-        frames = stack()
-        frames.append(UnitFrame(self.fqn, what, [p.fqn for p in params]))
-        try:
-            yield
-        finally:
-            frames.pop()
-
-    def _reduce_op(self) -> str:
-        """``"avg"`` (the mean over the data-parallel ranks, FSDP2's default), or ``"sum"``
-        with the division after the reduction (a custom divide factor, or sum-only
-        collectives asked for)."""
-        if self.gradient_divide_factor is not None or self.force_sum_reduction:
-            return "sum"
-        return "avg"
+        p.acc_grad = g if p.acc_grad is None else p.acc_grad + g
 
     def reset_iter_state(self) -> None:
         """Forget an iteration an exception aborted: finish and drop every collective in
@@ -489,36 +434,15 @@ class FSDPParamGroup:
         self.reshard()
         self.training_state = TrainingState.IDLE
         self._post_forward_indices.clear()
-        self._hooked_calls = 0
-
-    def _store_grad(self, p: FSDPParam, g: Any) -> None:
-        fw, plat = self.fw, self.plat
-        sp = p.sharded_param
-        cur = fw.raw_grad(sp)
-        if cur is None:
-            fw.set_raw_grad(sp, plat.wrap(g, p.grad_spec))
-            return
-        from ..dtensor import DTensor
-
-        if isinstance(cur, DTensor) and cur._spec == p.grad_spec:
-            local = plat.local_of(cur)
-        else:  # a gradient set by the user in another form: read it as its DTensor
-            dt = sp.grad
-            dt = dt.redistribute(dt.device_mesh, p.grad_spec.placements)
-            local = plat.contiguous(plat.local_of(dt))
-            fw.set_raw_grad(sp, plat.wrap(local, p.grad_spec))
-        plat.copy_flat(local, _add(local, g))
+        self._calls.clear()
 
     def finalize_backward(self) -> None:
-        """End of backward: complete every reduce, drop unused prefetches."""
+        """End of the last backward before the optimizer step: complete every reduce,
+        drop unused prefetches."""
         self.finish_reduce()
         self.discard_pending_unshard()
-        self._post_forward_indices.clear()
-        self._hooked_calls = 0
+        if not self._calls:  # else a later backward pass of this forward still prefetches
+            self._post_forward_indices.clear()
 
     def __repr__(self) -> str:
         return f"FSDPParamGroup({self.fqn or 'root'}: {len(self.params)} params)"
-
-
-def _add(a: Any, b: Any) -> Any:
-    return a + b

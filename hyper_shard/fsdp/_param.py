@@ -1,18 +1,25 @@
 """One FSDP parameter: its sharded DTensor, and the unsharded tensor the module computes
 with (framework-neutral: tensors through the Platform, parameters through the
-:class:`~hyper_shard.fsdp._adapter.FSDPFramework`).
+:class:`~hyper_shard.fsdp._adapter.FSDPAdapter`).
+
+[Note: FSDP tensors]
 
 * **original parameter**: what the module held when ``fully_shard`` ran — a plain tensor,
   or a DTensor on a tensor-parallel sub-mesh.
-* **sharded parameter**: ``nn.Parameter(DTensor)`` holding this rank's dim-0 chunk
-  (``torch.chunk`` semantics) of the original's local data, on the data-parallel mesh
-  (``Shard(0)``; HSDP ``(Replicate(), Shard(0))``) or, for a tensor-parallel original, on
-  the mesh spanning both. Its own storage, contiguous, no padding: this is what the
-  optimizer steps and ``state_dict()`` returns.
-* **unsharded parameter**: an autograd leaf over ``n * slot`` elements of the all-gather
-  copy-out (the first ``numel`` are the value), created once and refilled in place at
-  each unshard (its memory is released at reshard, the object and every reference to it
-  stay valid): a plain tensor, or a DTensor with the original's spec.
+* **sharded parameter**: the framework's parameter over a DTensor holding this rank's
+  chunk (``torch.chunk`` semantics along the shard dim, 0 unless ``shard_placement_fn``
+  says otherwise) of the original's local data, on the data-parallel mesh (``Shard(d)``;
+  HSDP ``(Replicate(), Shard(d))``) or, for a tensor-parallel original, on the mesh
+  spanning both. Its own storage, contiguous, no padding: this is what the optimizer
+  steps and ``state_dict()`` returns.
+* **unsharded parameter**: what the module computes with between unshard and reshard: a
+  plain tensor, or a DTensor with the original's spec. Hook-driven units (see
+  [Note: FSDP adapters]) keep one autograd leaf over ``n * slot`` elements of the
+  all-gather copy-out (the first ``numel`` are the value), created once and refilled in
+  place at each unshard (its memory is released at reshard; the object and every
+  reference to it stay valid). On-tape units make a new differentiable value per forward.
+* **flat order**: the parameter with its shard dim first, as the flat buffers hold it
+  (:meth:`FSDPParam.to_flat_order`).
 """
 
 from __future__ import annotations
@@ -28,19 +35,21 @@ __all__ = ["FSDPParam"]
 
 
 class FSDPParam:
-    """One parameter of a unit (see the module docstring).
+    """One parameter of a unit (see the module note).
 
     Args:
         param: the original parameter.
         sites: every ``(module, attribute name)`` that holds it (tied weights: several).
         info: the unit's data-parallel mesh.
         fw: the framework adapter; plat: the Platform.
+        fqn: its name in the unit (error messages).
         offload: keep the shard (and gradient) in host memory.
         pin: pin host memory.
+        shard_dim: the tensor dim FSDP shards.
 
     Raises:
-        ValueError: a 0-d parameter, or a DTensor parameter on a mesh that does not
-            compose with the data-parallel mesh.
+        ValueError: a 0-d parameter, a shard dim out of range, or a DTensor parameter on
+            a mesh that does not compose with the data-parallel mesh.
     """
 
     def __init__(
@@ -56,7 +65,7 @@ class FSDPParam:
         shard_dim: int = 0,
     ) -> None:
         self.sites = sites
-        self.unit_module: Any = None  # the module of the fully_shard call managing it
+        self.unit_modules: tuple[Any, ...] = ()  # the modules of the fully_shard call
         self.fw, self.plat, self.info = fw, plat, info
         self.fqn = fqn
         self.offload, self.pin = offload, pin
@@ -86,26 +95,21 @@ class FSDPParam:
         self.flat_shape = (shape[d], *shape[:d], *shape[d + 1 :])
         n, c = info.shard_size, info.shard_coord
         rows = chunk_sizes(shape[d], n)
-        start = sum(rows[:c])
         meta = plat.tensor_meta(local)
         # a copy in its own storage: the original's memory is released with it
-        shard_shape = (*shape[:d], rows[c], *shape[d + 1 :])
-        shard = plat.empty_flat(_numel(shard_shape), meta.dtype, local)
-        plat.copy_flat(shard, plat.narrow(local, d, start, rows[c]))
-        shard = plat.reshape(shard, shard_shape)
+        shard = plat.contiguous(plat.clone(plat.narrow(local, d, sum(rows[:c]), rows[c])))
         if offload:
             shard = fw.to_host(shard, pin)
         self.orig_dtype = meta.dtype
         self.spec = self._sharded_spec(ospec, meta)
         self.grad_spec = self.spec.with_placements(self._grad_placements())
-        self.sharded_param = fw.new_param(plat.make_leaf(shard, self.spec, False), req)
+        self.sharded_param = fw.make_sharded_param(param, shard, self.spec, self.grad_spec, req)
         self.requires_grad = req
         self.param_dtype: Any = None
         self.reduce_dtype: Any = None
-        self.unsharded: Any = None  # the unsharded parameter (created at the 1st unshard)
+        self.unsharded: Any = None  # the unsharded parameter (hook-driven units)
         self.buffer: Any = None  # its rank-major flat storage
         self.acc_grad: Any = None  # gradient accumulated in reduce_dtype without sync
-        self.to_sharded()
 
     # ------------------------------------------------------------------ layout
     def _sharded_spec(self, ospec: DTensorSpec | None, meta: TensorMeta) -> DTensorSpec:
@@ -117,7 +121,8 @@ class FSDPParam:
 
     # ------------------------------------------------------------------ states
     def shard_local(self) -> Any:
-        """This rank's shard as a plain local tensor (an alias of the sharded parameter)."""
+        """This rank's shard as a plain local tensor (an alias of the sharded parameter;
+        differentiable with respect to it where the framework's tape records it)."""
         return self.plat.local_of(self.sharded_param)
 
     def to_flat_order(self, t: Any) -> Any:
@@ -133,20 +138,33 @@ class FSDPParam:
 
     def init_dtypes(self, param_dtype: Any, reduce_dtype: Any) -> None:
         """Mixed precision (as FSDP2): no cast when the dtype already matches or the
-        parameter is not floating point; ``reduce_dtype`` defaults to ``param_dtype``."""
+        parameter is not floating point; gradients are reduced in ``reduce_dtype`` where
+        it differs from the compute dtype they are computed in (None: that dtype)."""
         orig = self.orig_dtype
-        floating = getattr(orig, "is_floating_point", True)
+        floating = _is_floating(orig)
         self.param_dtype = None if param_dtype in (None, orig) or not floating else param_dtype
-        rd = reduce_dtype if reduce_dtype is not None else self.param_dtype
-        self.reduce_dtype = None if rd in (None, orig) else rd
+        rd = None if reduce_dtype is None or not floating else reduce_dtype
+        self.reduce_dtype = None if rd == self.compute_dtype else rd
 
     @property
     def compute_dtype(self) -> Any:
         return self.param_dtype if self.param_dtype is not None else self.orig_dtype
 
+    def unsharded_value(self, flat_value: Any) -> Any:
+        """The unsharded parameter from its flat-order value (a plain local tensor of
+        ``flat_shape``): back to the parameter's dim order, wrapped as the original's
+        DTensor for a tensor-parallel parameter (keeps autograd)."""
+        plat = self.plat
+        t = self.from_flat_order(flat_value)
+        o = self.orig_spec
+        if o is None:
+            return t
+        meta = plat.tensor_meta(t, o.shape)._replace(stride=o.stride)
+        return plat.wrap(t, DTensorSpec(o.mesh, o.placements, meta, o.shard_order))
+
     def buffer_for(self, slot_numel: int, like: Any) -> Any:
         """The rank-major flat storage of the unsharded parameter (allocated again if it
-        was freed), creating the unsharded parameter on first use."""
+        was freed), creating the unsharded parameter on first use (hook-driven units)."""
         plat = self.plat
         n = self.info.shard_size
         if self.buffer is None:
@@ -173,18 +191,20 @@ class FSDPParam:
     def to_sharded(self) -> None:
         """Register the sharded parameter on every site and release the unsharded memory."""
         for m, name in self.sites:
-            self.fw.set_param(m, name, self.sharded_param)
+            self.fw.register_sharded(m, name, self.sharded_param)
         if self.buffer is not None:
             self.plat.free_storage(self.buffer)
 
-    def to_unsharded(self) -> None:
-        """Register the (filled) unsharded parameter on every site."""
-        up = self.unsharded
-        req = self.fw.requires_grad(self.sharded_param)
-        if self.fw.requires_grad(up) != req:  # the user may have frozen it since
-            up.requires_grad_(req)
+    def to_unsharded(self, value: Any = None) -> None:
+        """Register the unsharded parameter on every site: ``value`` (on-tape units), or
+        the filled persistent one."""
+        if value is None:
+            value = self.unsharded
+            req = self.fw.requires_grad(self.sharded_param)
+            if self.fw.requires_grad(value) != req:  # the user may have frozen it since
+                value.requires_grad_(req)
         for m, name in self.sites:
-            self.fw.set_param(m, name, up)
+            self.fw.register_unsharded(m, name, value)
 
     def reset_sharded_param(self) -> None:
         """Adopt a sharded parameter some module operation put in our place
@@ -215,7 +235,7 @@ class FSDPParam:
         self.spec = cur._spec
         self.grad_spec = self.spec.with_placements(self._grad_placements())
         for mm, nn in self.sites:
-            self.fw.set_param(mm, nn, cur)
+            self.fw.register_sharded(mm, nn, cur)
         if self.buffer is not None and self.fw.device_type(self.buffer) != self.fw.device_type(
             self.plat.local_of(cur)
         ):
@@ -225,6 +245,13 @@ class FSDPParam:
     def __repr__(self) -> str:
         pl = ", ".join(str(p) for p in self.spec.placements)
         return f"FSDPParam({self.fqn}: {list(self.spec.shape)} [{pl}])"
+
+
+def _is_floating(dtype: Any) -> bool:
+    flag = getattr(dtype, "is_floating_point", None)
+    if flag is not None:
+        return bool(flag)
+    return "float" in str(dtype).lower()  # a dtype object without the attribute
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -137,8 +137,11 @@ def check_accumulation_and_options(rank, world):
     first = counts[0]
     assert first.get("reduce_scatter", 0) == 0 and first["all_gather"] == 5, first
     total = model._fsdp_state().comm.counts
-    # per step: 2 micro-batches x 5 all-gathers, 3 reduce-scatters (one per unit)
-    assert total["reduce_scatter"] == 3 * len(data) and total["all_gather"] == 10 * len(data)
+    # per step: 3 reduce-scatters (one per unit); all-gathers per micro-batch: 5 in the
+    # first iteration, then 4: the last block ran last in the previous forward, so it keeps
+    # its parameters after forward (reshard_after_forward=None), its backward being next
+    assert total["reduce_scatter"] == 3 * len(data), total
+    assert total["all_gather"] == 5 + 4 * (2 * len(data) - 1), total
     # the next unit's all-gather starts ahead of its hook (async on gloo): in forward from
     # the second pass on (the order of the pass before), in backward from the first
     assert total["prefetch_forward"] >= 1 and total["prefetch_backward"] >= 1, total
@@ -165,8 +168,10 @@ def check_accumulation_and_options(rank, world):
     model.set_reshard_after_backward(False)
     got = train(model, data, rank, world, micro=2, mean_loss=_mean_over(world))
     assert_same_training(got, ref)
-    # per step: micro-batch 1: 3 forward + 2 backward all-gathers; micro-batch 2: 2 backward
-    assert model._fsdp_state().comm.counts["all_gather"] == 7 * len(data)
+    # step 1: micro-batch 1: 3 forward + 2 backward all-gathers, micro-batch 2: 1 backward
+    # (blocks[0]; blocks[1] kept its parameters as the last unit of the forward); then per
+    # step 3 forward + 1 backward, and 1 backward
+    assert model._fsdp_state().comm.counts["all_gather"] == 6 + 5 * (len(data) - 1)
     return True
 
 
@@ -466,3 +471,51 @@ def check_no_grad_forward_first(rank, world):
 
 def test_fsdp_no_grad_forward_before_optimizer(dist2):
     assert dist2.run(check_no_grad_forward_first) == [True, True]
+
+
+def check_profiler_ranges(rank, world):
+    """Every collective of a training step runs inside an FSDP profiler range named as
+    FSDP2 names them (``FSDP::all_gather``, ``FSDP::reduce_scatter``), and the forward
+    prefetch is issued ahead: the root's pre-forward issues its own all-gather and the
+    next unit's before waiting (two all-gathers inside one ``FSDP::pre_forward``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from hyper_shard import init_device_mesh
+    from tests.dist._fsdp_models import loss_of
+
+    mesh = init_device_mesh("cpu", (world,))
+    model = _shard(make_net(), mesh)
+    data = batches(2, world)
+    train(model, data[:1], rank, world)  # the forward order of an iteration
+    ids, y = data[1][0].chunk(world)[rank], data[1][1].chunk(world)[rank]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loss_of(model(ids), y).backward()
+    names: dict[str, int] = {}
+    outside = []
+    gathers_per_pre_forward = []
+
+    def gathers_in(e) -> int:  # noqa: ANN001
+        own = e.name == "c10d::_allgather_base_"
+        return int(own) + sum(gathers_in(c) for c in e.children)
+
+    stack = [(e, ()) for e in prof.profiler.kineto_results.experimental_event_tree()]
+    while stack:
+        e, path = stack.pop()
+        stack.extend((c, (*path, e.name)) for c in e.children)
+        if e.name.startswith("FSDP::"):
+            names[e.name] = names.get(e.name, 0) + 1
+        if e.name == "FSDP::pre_forward":
+            gathers_per_pre_forward.append(gathers_in(e))
+        if e.name in ("c10d::_allgather_base_", "c10d::_reduce_scatter_base_"):
+            if not any(p in ("FSDP::all_gather", "FSDP::reduce_scatter") for p in path):
+                outside.append((e.name, path))
+    assert not outside, outside
+    for want in ("FSDP::all_gather", "FSDP::reduce_scatter", "FSDP::post_forward"):
+        assert names.get(want, 0) >= 1, (want, names)
+    return sorted(gathers_per_pre_forward, reverse=True)[:2]
+
+
+def test_fsdp_profiler_ranges_name_every_collective(dist2):
+    out = dist2.run(check_profiler_ranges)
+    # the root's pre-forward: its own all-gather and blocks[0]'s; blocks[0]'s: blocks[1]'s
+    assert out == [[2, 1], [2, 1]], out

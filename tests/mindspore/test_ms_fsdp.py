@@ -110,8 +110,11 @@ def check_fsdp_training(rank: int, world: int, steps: int, opt_name: str) -> dic
         "werr": werr,
         "shown": shown,
         "cls": (type(net).__name__, isinstance(net, FSDPModule), isinstance(net.b1, FSDPModule)),
-        "gathers": [net.b1._hs_fsdp_unit.gathers, net._hs_fsdp_unit.gathers],
-        "n_root": len(net._hs_fsdp_unit.params),
+        "gathers": [
+            net.b1._fsdp_state().group.counts["all_gather"],
+            net._fsdp_state().group.counts["all_gather"],
+        ],
+        "n_root": len(net._fsdp_state().group.params),
     }
 
 

@@ -206,7 +206,10 @@ def check_no_sync(rank: int, world: int, micro: int) -> dict:
         "err_last": err_last,
         "err_sum": err_sum,
         "no_sync_reduces": no_sync_reduces,
-        "reduces": [net.b1._hs_fsdp_unit.reduces, net._hs_fsdp_unit.reduces],
+        "reduces": [
+            net.b1._fsdp_state().group.counts["reduce_scatter"],
+            net._fsdp_state().group.counts["reduce_scatter"],
+        ],
         "deferred_collectives": deferred,
         "err_hsdp": err_hsdp,
     }
@@ -362,14 +365,14 @@ def check_fsdp2_knobs(rank: int, world: int) -> dict:
     group = [net.b2, net.head]
     assert fully_shard(group, mesh=mesh) is group
     fully_shard(net, mesh=mesh)
-    unit = net.b2._hs_fsdp_unit
-    out["group_shared"] = unit is net.head._hs_fsdp_unit and len(unit.params) == 4
+    unit = net.b2._fsdp_state().group
+    out["group_shared"] = unit is net.head._fsdp_state().group and len(unit.params) == 4
     vg = value_and_grad(lambda a, b: ((net(a) - b) ** 2).mean(), None, net.trainable_params())
     _, grads = vg(Tensor(x[sl]), Tensor(t[sl]))
     out["group"] = max(
         float(np.abs(g.full_tensor().asnumpy() - r.asnumpy()).max()) for g, r in zip(grads, ref_g)
     )
-    out["group_gathers"] = unit.gathers
+    out["group_gathers"] = unit.counts["all_gather"]
     # another entry point of the root Cell runs with its gathered parameters
     net = _model(1)
     fully_shard(net, mesh=mesh)

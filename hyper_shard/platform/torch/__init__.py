@@ -130,6 +130,8 @@ class TorchPlatform(Platform):
     from_local_needs_stride = True
     #: what torch.distributed raises for a failed collective (DistError is a RuntimeError)
     comm_errors: tuple[type[BaseException], ...] = (RuntimeError,)
+    #: collectives with ``async_op=True`` return work handles (FSDP overlaps them)
+    async_collectives = True
 
     #: the flat collectives (FSDP's ``*_into``) run with ``async_op=True`` and a handle
     async_collectives = True

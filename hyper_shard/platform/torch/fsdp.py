@@ -1,10 +1,14 @@
-"""The torch adapter of FSDP: ``nn.Module`` hooks, autograd hooks, parameter swaps.
+"""The torch adapter of FSDP (see [Note: FSDP adapters] in ``hyper_shard.fsdp._adapter``):
+``nn.Module`` hooks, autograd hooks, parameter swaps, profiler ranges.
 
-This is the framework-specific half of :mod:`hyper_shard.fsdp` (the other half plans
-buffers and runs the state machine, see :mod:`._adapter`): forward pre/post hooks on the
-unit's module, a hook on the forward outputs' gradients (the unit's pre-backward), an
-autograd function on the forward inputs whose backward is the unit's post-backward, the
-engine's end-of-backward callback, and the parameter swap (``module._parameters[name]``).
+A hook-driven unit: forward pre/post hooks on the unit's modules, a hook on each forward
+call's outputs' gradients (the unit's pre-backward), an autograd function on each call's
+inputs whose backward reports the call's completion (the unit's post-backward), the
+engine's end-of-backward callback, the parameter swap (``module._parameters[name]``), and
+``torch.profiler.record_function`` ranges. Under ``torch.compile`` the hooks run eagerly
+around the compiled forward (``torch._dynamo.disable``, as FSDP2 with dynamo's default
+``skip_fsdp_hooks``): their all-gathers, frees and autograd hooks are state changes dynamo
+does not trace.
 """
 
 from __future__ import annotations
@@ -18,12 +22,12 @@ from torch import nn
 from torch._C import DisableTorchFunctionSubclass
 from torch.distributed.utils import _apply_to_tensors
 
-from ..dtensor import DTensor
-from ._adapter import FSDPFramework
-from ._module import FSDPModule
-from ._state import state_of
+from ...dtensor import DTensor
+from ...fsdp._adapter import FSDPAdapter
+from ...fsdp._module import FSDPModule
+from ...fsdp._state import state_of
 
-__all__ = ["TorchFSDP", "TorchFSDPModule"]
+__all__ = ["TorchFSDP", "TorchFSDPModule", "ADAPTER"]
 
 _T: Any = torch.Tensor
 
@@ -59,8 +63,8 @@ class TorchFSDPModule(FSDPModule):
 
 
 class _PostBackward(torch.autograd.Function):
-    """Identity on the unit's inputs; its backward (the inputs' gradients are complete,
-    hence the unit's parameters' too) runs the unit's post-backward."""
+    """Identity on a call's inputs; its backward (the inputs' gradients are complete,
+    hence the call's parameters' too) reports the call's completion."""
 
     @staticmethod
     def forward(ctx: Any, fn: Callable[[], None], *inputs: torch.Tensor) -> Any:  # type: ignore[override]
@@ -73,14 +77,17 @@ class _PostBackward(torch.autograd.Function):
         return (None, *grads)
 
 
-class TorchFSDP(FSDPFramework):
-    """:class:`~hyper_shard.fsdp._adapter.FSDPFramework` for torch."""
+class TorchFSDP(FSDPAdapter):
+    """:class:`~hyper_shard.fsdp._adapter.FSDPAdapter` for torch."""
 
-    name = "torch"
+    gather_on_tape = False
     _classes: dict[type, type] = {}
 
     def owns(self, module: Any) -> bool:
         return isinstance(module, nn.Module)
+
+    def module_kind(self) -> str:
+        return "torch.nn.Module"
 
     # ---------------------------------------------------------------- modules
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
@@ -88,16 +95,6 @@ class TorchFSDP(FSDPFramework):
 
     def direct_params(self, module: Any) -> list[tuple[str, Any]]:
         return [(n, p) for n, p in module._parameters.items() if p is not None]
-
-    def set_param(self, module: Any, name: str, param: Any) -> None:
-        module._parameters[name] = param
-
-    def new_param(self, tensor: Any, requires_grad: bool) -> Any:
-        return nn.Parameter(tensor, requires_grad=requires_grad)
-
-    def requires_grad(self, param: Any) -> bool:
-        with DisableTorchFunctionSubclass():
-            return bool(param.requires_grad)
 
     def fsdp_class(self, cls: type) -> type:
         if issubclass(cls, TorchFSDPModule):
@@ -108,19 +105,40 @@ class TorchFSDP(FSDPFramework):
         return out
 
     def register_forward_hooks(self, module: Any, pre: Callable, post: Callable) -> None:
-        # under torch.compile the unit's hooks run eagerly around the compiled forward (as
-        # FSDP2's with dynamo's default skip_fsdp_hooks): their all-gathers, frees and
-        # autograd hooks are state changes dynamo does not trace
         module.register_forward_pre_hook(
             torch._dynamo.disable(pre, recursive=True), prepend=True, with_kwargs=True
         )
         module.register_forward_hook(torch._dynamo.disable(post, recursive=True), prepend=False)
 
     def register_state_dict_hooks(
-        self, module: Any, pre_save: Callable[[], None], pre_load: Callable[[dict, str], None]
+        self,
+        module: Any,
+        pre_save: Callable[[], None],
+        pre_load: Callable[[dict, str], None],
+        loaded: Callable[[], list[str]],
     ) -> None:
         module.register_state_dict_pre_hook(lambda m, *rest: pre_save())
         module.register_load_state_dict_pre_hook(lambda m, sd, prefix, *rest: pre_load(sd, prefix))
+
+    # ---------------------------------------------------------------- parameters
+    def requires_grad(self, param: Any) -> bool:
+        with DisableTorchFunctionSubclass():
+            return bool(param.requires_grad)
+
+    def make_sharded_param(
+        self, orig: Any, local: Any, spec: Any, grad_spec: Any, requires_grad: bool
+    ) -> Any:
+        plat = spec.mesh.platform
+        return nn.Parameter(plat.make_leaf(local, spec, False), requires_grad=requires_grad)
+
+    def new_param(self, tensor: Any, requires_grad: bool) -> Any:
+        return nn.Parameter(tensor, requires_grad=requires_grad)
+
+    def register_sharded(self, module: Any, name: str, param: Any) -> None:
+        module._parameters[name] = param
+
+    def register_unsharded(self, module: Any, name: str, value: Any) -> None:
+        module._parameters[name] = value
 
     # ---------------------------------------------------------------- autograd
     def grad_enabled(self) -> bool:
@@ -129,18 +147,22 @@ class TorchFSDP(FSDPFramework):
     def in_backward(self) -> bool:
         return torch._C._current_graph_task_id() != -1
 
-    def hook_outputs(self, output: Any, fn: Callable[[], None]) -> Any:
+    def hook_outputs(self, output: Any, fn: Callable[[], None]) -> bool:
+        placed = False
+
         def hook(_g: Any) -> None:
             fn()
 
         def reg(t: torch.Tensor) -> torch.Tensor:
+            nonlocal placed
             with DisableTorchFunctionSubclass():
                 if t.requires_grad:
                     t.register_hook(hook)
+                    placed = True
             return t
 
         _apply_to_tensors(reg, output)
-        return output
+        return placed
 
     def hook_inputs(
         self, args: tuple, kwargs: dict, fn: Callable[[], None]
@@ -220,3 +242,10 @@ class TorchFSDP(FSDPFramework):
     def device_type(self, t: Any) -> str:
         with DisableTorchFunctionSubclass():
             return str(t.device.type)
+
+    # ---------------------------------------------------------------- profiling
+    def record(self, name: str) -> contextlib.AbstractContextManager[Any]:
+        return torch.profiler.record_function(name)
+
+
+ADAPTER = TorchFSDP()
