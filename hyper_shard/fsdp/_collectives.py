@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..platform.compose import reduce_scatter
 from ._layout import FlatLayout
 
 __all__ = [
@@ -36,7 +37,6 @@ __all__ = [
     "unpack_params",
     "all_gather_value",
     "reduce_scatter_value",
-    "reduce_scatter_by_all_reduce",
 ]
 
 
@@ -207,24 +207,13 @@ def reduce_scatter_value(
     plat: Any, group: Any, layout: FlatLayout, coord: int, flat: Any, op: str = "avg"
 ) -> Any:
     """This rank's chunk (``layout.chunk_numel`` elements) of the reduction of every rank's
-    flat buffer (value form): the platform's reduce-scatter where it has one, else
-    :func:`reduce_scatter_by_all_reduce`."""
+    flat buffer (value form): the platform's reduce-scatter where it has one, else the one
+    composition every caller shares (:func:`hyper_shard.platform.compose.reduce_scatter`:
+    e.g. an all-reduce and this rank's chunk, on MindSpore's mccl on CPU)."""
     n, S = layout.n, layout.chunk_numel
     if n == 1:
         return flat
-    if "reduce_scatter" in plat.native_collectives:
-        pieces = [plat.narrow(flat, 0, c * S, S) for c in range(n)]
-        return plat.reduce_scatter(pieces, op, group)
-    return reduce_scatter_by_all_reduce(plat, group, coord, flat, S, op)
-
-
-def reduce_scatter_by_all_reduce(
-    plat: Any, group: Any, coord: int, flat: Any, k: int, op: str = "avg"
-) -> Any:
-    """A reduce-scatter composed from an all-reduce (for a backend without one, e.g.
-    MindSpore's mccl on CPU): the reduction of every rank's ``flat`` (``n * k``
-    elements), of which this rank (mesh coordinate ``coord``) keeps chunk ``coord`` as an
-    owned tensor. The same bytes arrive as a native reduce-scatter's input, ``n`` times
-    the output."""
-    full = plat.all_reduce(flat, op, group)
-    return plat.clone(plat.narrow(full, 0, coord * k, k))
+    out = reduce_scatter(plat, flat, 0, [S] * n, op, group, coord)
+    # a composed result may be a view of the n-times larger reduced buffer: own the chunk
+    # so that buffer is freed now
+    return out if plat.has("reduce_scatter") else plat.clone(out)

@@ -17,7 +17,7 @@ from hyper_shard import Replicate, Shard
 from hyper_shard.fsdp import MixedPrecisionPolicy
 from hyper_shard.fsdp._collectives import (
     pack_shards,
-    reduce_scatter_by_all_reduce,
+    reduce_scatter_value,
     unpack_params,
 )
 from hyper_shard.fsdp._init import (
@@ -149,8 +149,9 @@ def test_value_form_pack_gather_unpack(n: int) -> None:
             assert s.grad is not None and torch.equal(s.grad, torch.ones_like(s))
 
 
-def test_reduce_scatter_by_all_reduce() -> None:
-    """Each simulated rank keeps its chunk of the sum (or mean) over the ranks."""
+def test_reduce_scatter_value_composed() -> None:
+    """Without a native reduce-scatter (MindSpore's mccl on CPU), each simulated rank keeps
+    its chunk of the sum (or mean) over the ranks, composed by platform/compose.py."""
     n, k = 3, 4
     inputs = [torch.randn(n * k) for _ in range(n)]
 
@@ -160,8 +161,11 @@ def test_reduce_scatter_by_all_reduce() -> None:
             return out / n if op == "avg" else out
 
     plat = SumPlat()
+    plat.native_collectives = frozenset({"all_gather", "all_reduce"})
+    layout = FlatLayout([(n * k,)], n)  # one parameter of n * k elements
+    assert layout.chunk_numel == k
     for op in ("sum", "avg"):
         want = sum(inputs) / (n if op == "avg" else 1)
         for c in range(n):
-            got = reduce_scatter_by_all_reduce(plat, None, c, inputs[c], k, op)
+            got = reduce_scatter_value(plat, None, layout, c, inputs[c], op)
             torch.testing.assert_close(got, want[c * k : (c + 1) * k])
