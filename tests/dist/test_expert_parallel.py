@@ -159,6 +159,7 @@ def _train_compare(
 def _ep_cases(rank: int, world: int, cases: list[tuple]) -> list[dict]:
     from hyper_shard import init_device_mesh
     from hyper_shard.parallel import ExpertParallel, parallelize_module
+    from hyper_shard.platform import compose
 
     torch.manual_seed(0)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))
@@ -171,6 +172,7 @@ def _ep_cases(rank: int, world: int, cases: list[tuple]) -> list[dict]:
         rows = slice(rank * per, (rank + 1) * per)
         tag = f"{kind} top-{top_k}{' biased' if biased else ''} on {world} ranks"
         res = _train_compare(ep, ref, rows, None, world, 3, tag)
+        res["route"] = compose.route_for(mesh.platform, "all_to_all_v")
         if biased:  # the imbalance really happened: the last expert saw no token
             x, _ = _batch()
             with torch.no_grad():
@@ -283,7 +285,17 @@ def test_expert_parallel_on_2_ranks(dist2):
     """Mixtral top-1 and top-2, and top-2 with the biased router (one expert gets every
     token's first choice, one none)."""
     res = dist2.run(_ep_cases, [("mixtral", 1, False), ("mixtral", 2, False), ("mixtral", 2, True)])
-    assert all(r["checked"] == 21 for r in res[0])  # every parameter of the model
+    assert all(r["checked"] == 21 and r["route"] == "native" for r in res[0])  # every parameter
+
+
+def test_expert_parallel_composed_exchange_on_2_ranks():
+    """gloo told to lack the variable and the even all-to-all (``HYPER_SHARD_COMPOSE``):
+    the token exchange runs as send/recv rounds, with the same results."""
+    from tests.conftest import get_pool
+
+    pool = get_pool(2, HYPER_SHARD_COMPOSE="all_to_all_v,all_to_all")
+    res = pool.run(_ep_cases, [("qwen3_moe", 2, True)])
+    assert res[0][0]["checked"] > 20 and res[0][0]["route"] == "send_recv"
 
 
 def test_expert_parallel_on_4_ranks(dist4):
