@@ -5,9 +5,9 @@ against the same model in one plain MindSpore process on the whole batch: the lo
 every gradient (router, attention, every expert) and the losses over two ``nn.Adam``
 steps (a one-layer model: MindSpore's PyNative steps take seconds on a shared CPU);
 top-2 and a router biased so expert 0 takes every first choice and the last expert none
-(top-1) on 2 ranks, top-2 on 4 ranks; the token exchange runs as send/recv rounds (mccl
-has no all-to-all). Bad input: 6 experts over 4 ranks, a router index out of range on one
-rank: the same error on every rank, no hang.
+(top-1) on 2 ranks (4 ranks run on torch: tests/dist/test_expert_parallel.py); the token
+exchange runs as send/recv rounds (mccl has no all-to-all). Bad input: 3 experts over 2
+ranks, a router index out of range on one rank: the same error on every rank, no hang.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def check_bad_input(rank: int, world: int) -> list:
     mesh = hs.init_device_mesh("CPU", (world,), mesh_dim_names=("ep",))
     msgs = []
     try:
-        parallelize_module(_model(2, experts=6), mesh, {EXPERTS: ExpertParallel()})
+        parallelize_module(_model(2, experts=3), mesh, {EXPERTS: ExpertParallel()})
     except ValueError as e:
         msgs.append(str(e))
     net = parallelize_module(_model(2), mesh, {EXPERTS: ExpertParallel()})
@@ -166,13 +166,9 @@ def test_expert_parallel_on_2_ranks(ms2):
     assert res[0][0]["n_grads"] == 12  # every parameter: embedding, 9 in the layer, norm, head
 
 
-def test_expert_parallel_on_4_ranks(ms4):
-    _check(ms4.run(check_ep, [(2, False)], timeout=600))
-
-
-def test_bad_input_errors_on_every_rank(ms4):
-    res = ms4.run(check_bad_input, timeout=600)
+def test_bad_input_errors_on_every_rank(ms2):
+    res = ms2.run(check_bad_input, timeout=600)
     for msgs in res:
-        assert "6 experts" in msgs[0] and "divisible" in msgs[0]
+        assert "3 experts" in msgs[0] and "divisible" in msgs[0]
         assert "coordinate 1: 1" in msgs[1] and "[0, 4)" in msgs[1]
         assert msgs[2] == (5, 32)
