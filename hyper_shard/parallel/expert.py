@@ -95,7 +95,7 @@ def experts_layout(module: Any, plat: Any) -> ExpertsLayout:
     Raises:
         TypeError: ``module`` has no stacked ``gate_up_proj``/``up_proj`` and
             ``down_proj`` parameters (it is not an experts module: apply the style to
-            ``<layer>.mlp.experts``, or to a ModuleList's experts' parent is not supported).
+            ``<layer>.mlp.experts``; a ``ModuleList`` of experts is not supported).
         NotImplementedError: a post-expert norm (``has_post_expert_norm``).
     """
     params = dict(adapter_for(module).direct_params(module))
@@ -106,7 +106,8 @@ def experts_layout(module: Any, plat: Any) -> ExpertsLayout:
             f"expert parallelism applies to an experts module with stacked parameters "
             f"gate_up_proj (or up_proj) [E, ...] and down_proj [E, ...]; {name} has "
             f"{sorted(k for k, v in params.items() if v is not None)}. Apply it to the MoE "
-            f"layer's experts (e.g. 'model.layers.*.mlp.experts')"
+            f"layer's experts module (e.g. 'model.layers.*.mlp.experts'); a ModuleList of "
+            f"expert Linears (transformers 4) has no stacked weights to shard"
         )
     if getattr(module, "has_post_expert_norm", False):
         raise NotImplementedError(
@@ -144,6 +145,39 @@ def experts_layout(module: Any, plat: Any) -> ExpertsLayout:
         transposed=bool(getattr(module, "is_transposed", False)),
         activation=activation,
     )
+
+
+#: the experts' forward arguments by position, and the keyword names modules give them
+_ARGS = (
+    ("hidden_states",),
+    ("top_k_index", "router_indices"),
+    ("top_k_weights", "routing_weights"),
+)
+
+
+def _inputs(module: Any, args: tuple, kwargs: dict) -> tuple[Any, Any, Any]:
+    """``(hidden_states, top_k_index, top_k_weights)`` from an experts module's call
+    (positional, or by the keyword names Hugging Face's modules use).
+
+    Raises:
+        TypeError: an argument missing, or one the layer does not know.
+    """
+    out, rest = list(args[:3]), dict(kwargs)
+    for names in _ARGS[len(out) :]:
+        key = next((n for n in names if n in rest), None)
+        if key is None:
+            raise TypeError(
+                f"{type(module).__name__} (expert parallel): missing argument {names[0]!r}; "
+                f"call it as experts(hidden_states, top_k_index, top_k_weights)"
+            )
+        out.append(rest.pop(key))
+    if len(args) > 3 or rest:
+        raise TypeError(
+            f"{type(module).__name__} (expert parallel): unexpected arguments "
+            f"{list(rest) or len(args)}; the layer takes (hidden_states, top_k_index, "
+            f"top_k_weights)"
+        )
+    return out[0], out[1], out[2]
 
 
 def _dim_of(mesh: DeviceMesh, name: str, default: int) -> int:
@@ -270,11 +304,11 @@ class ExpertParallel(ParallelStyle):
         layout: ExpertsLayout,
         ep: int,
         tp: int | None,
-        hidden_states: Any,
-        top_k_index: Any,
-        top_k_weights: Any,
+        *args: Any,
+        **kwargs: Any,
     ) -> Any:
         plat = mesh.platform
+        hidden_states, top_k_index, top_k_weights = _inputs(module, args, kwargs)
         for what, t in (("hidden_states", hidden_states), ("top_k_index", top_k_index),
                         ("top_k_weights", top_k_weights)):  # fmt: skip
             if isinstance(t, DTensor):

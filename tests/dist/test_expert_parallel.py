@@ -5,7 +5,8 @@ the logits, every gradient (router, attention, embeddings, every expert) and the
 over AdamW steps; EP on 2 and 4 ranks, top-1 and top-2, a router biased so one expert
 gets most tokens and one none, the expert x tensor form on a 2 x 2 mesh, EP x FSDP on a
 ("dp", "ep") mesh; bad input (experts not divisible by the ranks, a router index out of
-range on one rank): the same clear error on every rank, no hang.
+range on one rank): the same clear error on every rank, no hang; GPT-OSS's experts (transposed weights,
+biases, interleaved gate/up, its own clamped gate, keyword arguments) at the module level.
 
 Each rank builds the reference model from the same seed and runs it on the whole batch;
 the EP model runs on this rank's slice. Plain (non-expert) gradients are averaged over
@@ -281,6 +282,52 @@ def _ep_dp_case(rank: int, world: int) -> dict:
     return {"losses": losses}
 
 
+def _gpt_oss_experts(rank: int, world: int) -> int:
+    """GPT-OSS's experts as they ship: weights stored [E, in, out] (``is_transposed``),
+    biases, the gate and up columns interleaved and a clamped gate (its own
+    ``_apply_gate``), called with keywords (``router_indices=``, ``routing_weights=``);
+    the style on the module itself, ``gradient_divide_factor=1.0`` (a summed objective).
+    Output and every gradient against the module on the global tokens."""
+    import transformers
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    from hyper_shard import init_device_mesh
+    from hyper_shard.parallel import ExpertParallel, parallelize_module
+
+    transformers.logging.set_verbosity_error()
+    cfg = GptOssConfig(hidden_size=32, intermediate_size=16, num_local_experts=4)
+    torch.manual_seed(0)
+    ref = GptOssExperts(cfg)
+    for p in ref.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    ep = copy.deepcopy(ref)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))
+    parallelize_module(ep, mesh, ExpertParallel(gradient_divide_factor=1.0))
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(8, 32, generator=g, requires_grad=True)
+    idx = torch.randint(0, 4, (8, 2), generator=g)
+    w = torch.rand(8, 2, generator=g, requires_grad=True)
+    dy = torch.randn(8, 32, generator=g)
+    out = ref(h, router_indices=idx, routing_weights=w)
+    (out * dy).sum().backward()
+    per = 8 // world
+    mine = slice(rank * per, (rank + 1) * per)
+    hl, wl = h.detach()[mine].requires_grad_(), w.detach()[mine].requires_grad_()
+    got = ep(hl, router_indices=idx[mine], routing_weights=wl)
+    (got * dy[mine]).sum().backward()
+    torch.testing.assert_close(got, out.detach()[mine], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(hl.grad, h.grad[mine], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(wl.grad, w.grad[mine], atol=1e-5, rtol=1e-5)
+    refs = dict(ref.named_parameters())
+    for name, p in ep.named_parameters():
+        torch.testing.assert_close(
+            p.grad.to_local(), _expert_rows(p, refs[name].grad), atol=1e-5, rtol=1e-5,
+            msg=lambda m, name=name: f"GPT-OSS {name}: {m}",
+        )  # fmt: skip
+    return len(refs)
+
+
 def _bad_input(rank: int, world: int) -> list[str]:
     """Both mistakes on every rank: 6 experts over 4 ranks (refused at parallelize_module,
     before any collective), and rank 1's router producing an index out of range (refused
@@ -333,6 +380,7 @@ def test_expert_parallel_composed_exchange_and_main_job_on_2_ranks(dist2):
     assert res[0][0]["checked"] == 14 and res[0][0]["route"] == "send_recv"  # + q/k norms
     job = dist2.run(_example_case)
     assert len(job[0]["losses"]) == 3 and job[0]["mode"] == "EP"
+    assert dist2.run(_gpt_oss_experts) == [4, 4]  # every parameter, biases included
 
 
 def test_expert_parallel_on_4_ranks(dist4):
