@@ -158,9 +158,9 @@ def route(plat: CommOps, index: Any, num_experts: int, ep: Group) -> Routing:
     local = num_experts // n
     flat = plat.reshape(index, [-1])
     with plat.no_grad():
-        counts = plat.bincount(flat, num_experts)
-        bad = plat.shape(flat)[0] - sum(int(c) for c in plat.tolist(counts))
-        payload = plat.cat([counts, plat.arange(bad, bad + 1, counts)], 0)
+        counts = plat.bincount(flat, num_experts)  # ids out of range are not counted
+        total = plat.full([1], plat.shape(flat)[0], counts)
+        payload = plat.cat([counts, total - plat.reshape(plat.sum(counts), [1])], 0)
         rows = (
             [plat.tolist(r) for r in plat.all_gather(payload, ep.group, n)]
             if n > 1
@@ -197,7 +197,7 @@ def route(plat: CommOps, index: Any, num_experts: int, ep: Group) -> Routing:
             off += mine[s][e]
     with plat.no_grad():
         order = plat.argsort(flat)
-        if sum(recv):
+        if sum(recv) and n > 1 and local > 1:  # else the two orders are the same
             to_e = [(src_start[s, e], mine[s][e]) for e in range(local) for s in range(n)]
             back = [(dst_start[s, e], mine[s][e]) for s in range(n) for e in range(local)]
             to_expert = _blocks_index(plat, to_e, counts)
