@@ -14,6 +14,8 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
+from moe_common import add_moe_args, moe_text, validate_moe
+
 __all__ = [
     "stdlib_text",
     "corpus_bytes",
@@ -170,6 +172,7 @@ def add_common_args(ap: argparse.ArgumentParser, out_dir: Path) -> None:
     ap.add_argument(
         "--out-dir", type=Path, default=out_dir, help=f"where the plot goes (default {out_dir})"
     )
+    add_moe_args(ap)  # --moe E, --topk K, --ep N (examples/moe_common.py)
 
 
 def resolve_layout(args: argparse.Namespace, world: int) -> None:
@@ -197,14 +200,21 @@ def resolve_layout(args: argparse.Namespace, world: int) -> None:
 
 
 def mode_name(args: argparse.Namespace) -> str:
-    """``TP``, ``FSDP`` or ``FSDPxTP`` (for the progress bar, the table and the plot)."""
+    """``TP``, ``FSDP`` or ``FSDPxTP``, ``EP...`` with ``--ep`` (for the progress bar, the
+    table and the plot)."""
+    if getattr(args, "ep", 1) > 1:
+        return "EP" + ("xFSDP" if args.dp > args.ep else "") + ("xTP" if args.tp > 1 else "")
     if getattr(args, "dp", 1) == 1:
         return "TP"
     return "FSDP" if args.tp == 1 else "FSDPxTP"
 
 
 def layout_text(args: argparse.Namespace) -> str:
-    """``TP over 2 ranks`` / ``FSDP over 2 ranks`` / ``FSDP (dp 2) x TP (tp 2) over 4 ranks``."""
+    """``TP over 2 ranks`` / ``FSDP over 2 ranks`` / ``FSDP (dp 2) x TP (tp 2) over 4 ranks``
+    / ``EP 2 over the 4 data-parallel ranks (FSDP) x TP 2``."""
+    if getattr(args, "ep", 1) > 1:
+        tp = f" x TP {args.tp}" if args.tp > 1 else ""
+        return f"EP {args.ep} over the {args.dp} data-parallel ranks (FSDP){tp}"
     if args.dp == 1:
         return f"TP over {args.tp} ranks"
     if args.tp == 1:
@@ -229,6 +239,7 @@ def validate(args: argparse.Namespace, world: int) -> None:
         raise SystemExit(f"--seq {args.seq} must be divisible by {tp} ranks with --sp")
     if args.batch % args.dp:
         raise SystemExit(f"--batch {args.batch} must be divisible by --dp {args.dp}")
+    validate_moe(args)
 
 
 # ---------------------------------------------------------------------------- report
@@ -275,7 +286,7 @@ def report(
     resumed = f" (resumed at step {start} from {getattr(args, 'resume', None)})" if start else ""
     print(
         f"\nLlama {args.layers}x{args.hidden} (ffn {args.ffn}, {args.heads} heads / "
-        f"{args.kv_heads} kv), batch {args.batch}x{args.seq} bytes, {n} steps{resumed}, "
+        f"{args.kv_heads} kv){moe_text(args)}, batch {args.batch}x{args.seq} bytes, {n} steps{resumed}, "
         f"{layout_text(args)}{sp}"
     )
     tail = tp["losses"][-10:]

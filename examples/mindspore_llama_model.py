@@ -11,6 +11,13 @@ tensor-parallel plan of ``examples/llama_common.py`` applies unchanged:
 * ``model.norm`` (RMSNorm) and ``lm_head`` (``mint.nn.Linear`` without bias; ``tie=True``
   shares the embedding table, as ``tie_word_embeddings``).
 
+With ``num_experts`` set (``--moe E``) every layer's ``mlp`` is a mixture of experts laid
+out as Hugging Face's ``MixtralSparseMoeBlock``: ``mlp.gate`` (the router: softmax over
+``E`` logits, the top ``k`` renormalised) and ``mlp.experts`` (stacked ``gate_up_proj``
+``[E, 2I, H]`` and ``down_proj`` ``[E, H, I]``, SwiGLU;
+``forward(hidden, top_k_index, top_k_weights)``), so
+``hyper_shard.parallel.ExpertParallel`` applies to ``model.layers.*.mlp.experts``.
+
 Attention and the MLP compute with local sizes (``view(b, s, -1, head_dim)``), so under
 tensor parallelism each rank runs its heads on plain local tensors. Weights are drawn
 from a numpy generator (normal, std 0.02, as Hugging Face's ``initializer_range``), so
@@ -26,7 +33,7 @@ from typing import Any
 import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
 
-__all__ = ["LlamaConfig", "LlamaForCausalLM", "build_model"]
+__all__ = ["LlamaConfig", "LlamaForCausalLM", "MoEBlock", "MoEExperts", "build_model"]
 
 
 class LlamaConfig:
@@ -44,6 +51,8 @@ class LlamaConfig:
         rms_norm_eps: float = 1e-5,
         rope_theta: float = 10000.0,
         tie_word_embeddings: bool = False,
+        num_experts: int = 0,
+        num_experts_per_tok: int = 2,
     ) -> None:
         self.vocab_size, self.hidden_size = vocab_size, hidden_size
         self.intermediate_size, self.num_hidden_layers = intermediate_size, num_hidden_layers
@@ -54,6 +63,7 @@ class LlamaConfig:
         self.max_position_embeddings, self.rms_norm_eps = max_position_embeddings, rms_norm_eps
         self.rope_theta, self.tie_word_embeddings = rope_theta, tie_word_embeddings
         self.head_dim = hidden_size // num_attention_heads
+        self.num_experts, self.num_experts_per_tok = num_experts, num_experts_per_tok
 
 
 class RMSNorm(nn.Cell):
@@ -119,13 +129,69 @@ class MLP(nn.Cell):
         return self.down_proj(mint.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class MoERouter(nn.Cell):
+    """``weight [E, H]``: ``(logits [T, E], top-k weights [T, k] renormalised, indices)``."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.top_k, self.num_experts = cfg.num_experts_per_tok, cfg.num_experts
+        self.weight = Parameter(
+            Tensor(np.zeros((cfg.num_experts, cfg.hidden_size), np.float32)), name="weight"
+        )
+
+    def construct(self, h: Any) -> Any:
+        logits = mint.matmul(h, self.weight.T)
+        top, idx = ops.topk(mint.softmax(logits, -1), self.top_k)
+        return logits, top / top.sum(-1, keepdims=True), idx
+
+
+class MoEExperts(nn.Cell):
+    """``E`` SwiGLU experts stacked: ``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``.
+    ``construct(hidden [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]``: every
+    expert on every token, weighted by the router where it chose that expert (dense:
+    ``E`` times the work of routing, for a small reference model)."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        e, d, f = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
+        self.num_experts = e
+        self.gate_up_proj = Parameter(
+            Tensor(np.zeros((e, 2 * f, d), np.float32)), name="gate_up_proj"
+        )
+        self.down_proj = Parameter(Tensor(np.zeros((e, d, f), np.float32)), name="down_proj")
+        self.act_fn = mint.nn.functional.silu
+
+    def construct(self, h: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+        out = ops.zeros_like(h)
+        for e in range(self.num_experts):
+            w = (top_k_weights * (top_k_index == e).astype(top_k_weights.dtype)).sum(-1)
+            gate, up = mint.chunk(mint.matmul(h, self.gate_up_proj[e].T), 2, -1)
+            y = mint.matmul(self.act_fn(gate) * up, self.down_proj[e].T)
+            out = out + w.reshape(-1, 1) * y
+        return out
+
+
+class MoEBlock(nn.Cell):
+    """``experts(x, *gate(x))`` on the flattened tokens (as ``MixtralSparseMoeBlock``)."""
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.gate = MoERouter(cfg)
+        self.experts = MoEExperts(cfg)
+
+    def construct(self, x: Any) -> Any:
+        h = x.reshape(-1, x.shape[-1])
+        _, weights, index = self.gate(h)
+        return self.experts(h, index, weights).reshape(x.shape)
+
+
 class DecoderLayer(nn.Cell):
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MoEBlock(cfg) if cfg.num_experts else MLP(cfg)
 
     def construct(self, x: Any, cos: Any, sin: Any, mask: Any) -> Any:
         h = self.input_layernorm(x)
@@ -184,6 +250,16 @@ def build_model(cfg: LlamaConfig, seed: int) -> LlamaForCausalLM:
         if isinstance(cell, mint.nn.Linear):
             w = rs.normal(0, 0.02, tuple(cell.weight.shape)).astype(np.float32)
             cell.weight = Parameter(Tensor(w), name=cell.weight.name)
+    for layer in net.model.layers:
+        if isinstance(layer.mlp, MoEBlock):  # router and experts drawn the same way
+            for cell, names in (
+                (layer.mlp.gate, ("weight",)),
+                (layer.mlp.experts, ("gate_up_proj", "down_proj")),
+            ):
+                for name in names:
+                    p = getattr(cell, name)
+                    w = rs.normal(0, 0.02, tuple(p.shape)).astype(np.float32)
+                    setattr(cell, name, Parameter(Tensor(w), name=p.name))
     if cfg.tie_word_embeddings:
         net.lm_head.weight = emb.embedding_table
     return net

@@ -35,6 +35,12 @@ on ``mesh["tp"]``, then the FSDP units on ``mesh["dp"]`` (as the torch job).
     python examples/mindspore_llama_tp.py --sp --steps 50      # sequence parallel too
     python examples/mindspore_llama_tp.py --dp 2 --check       # FSDP on 2 CPU ranks
     python examples/mindspore_llama_tp.py --dp 2 --tp 2 --check  # FSDP x TP on 4 CPU ranks
+    python examples/mindspore_llama_tp.py --moe 4 --ep 2 --check  # MoE, EP on 2 CPU ranks
+
+``--moe E`` makes every MLP a mixture of ``E`` experts (``--topk K`` per token; the
+model's ``MoEBlock``, laid out as Hugging Face's Mixtral), and ``--ep N`` shards the
+experts over ``N`` of the data-parallel ranks with the same ``ExpertParallel`` style as
+the torch job (FSDP on the other parameters; examples/moe_common.py has the layout).
 
 On a cluster launch ``train`` on every rank with ``msrun`` (docs/mindspore.md).
 """
@@ -58,6 +64,7 @@ from llama_common import (  # noqa: E402  (the examples directory first on the p
     report,
     validate,
 )
+from moe_common import moe_defaults, parallelize_moe  # noqa: E402
 
 __all__ = ["train", "load_data", "batches", "parse_args", "main"]
 
@@ -94,7 +101,10 @@ def batches(
 def _config(args: argparse.Namespace) -> Any:
     from mindspore_llama_model import LlamaConfig
 
-    return LlamaConfig(**llama_config_kwargs(args, VOCAB), tie_word_embeddings=args.tie)
+    return LlamaConfig(
+        **llama_config_kwargs(args, VOCAB), tie_word_embeddings=args.tie,
+        num_experts=getattr(args, "moe", 0), num_experts_per_tok=getattr(args, "topk", 2),
+    )  # fmt: skip
 
 
 def train(rank: int, world: int, args: argparse.Namespace, data: np.ndarray, tp: bool) -> dict:
@@ -109,7 +119,7 @@ def train(rank: int, world: int, args: argparse.Namespace, data: np.ndarray, tp:
     net = build_model(_config(args), args.seed)
     mesh = None
     dp = (getattr(args, "dp", None) or 1) if tp else 1
-    if dp > 1:
+    if dp > 1 or (tp and getattr(args, "moe", 0)):
         return _train_fsdp(rank, world, args, data, net)
     if tp:
         from hyper_shard import Replicate, Shard, init_device_mesh
@@ -168,15 +178,20 @@ def _train_fsdp(
 
     dp = args.dp
     tp = world // dp
-    if tp > 1:
+    if getattr(args, "moe", 0):  # experts, FSDP and TP: examples/moe_common.py
+        mesh = parallelize_moe(args, net, "CPU")
+        dp_mesh = mesh["dp"]
+        tp_mesh = mesh["tp"] if tp > 1 else None
+    elif tp > 1:
         mesh = init_device_mesh("CPU", (dp, tp), mesh_dim_names=("dp", "tp"))
         dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
         hp.parallelize_module(net, tp_mesh, llama_tp_plan(args.sp, hp, Replicate, Shard))
     else:
         dp_mesh = init_device_mesh("CPU", (world,), mesh_dim_names=("dp",))
-    for layer in net.model.layers:
-        fully_shard(layer, mesh=dp_mesh)
-    fully_shard(net, mesh=dp_mesh)
+    if not getattr(args, "moe", 0):
+        for layer in net.model.layers:
+            fully_shard(layer, mesh=dp_mesh)
+        fully_shard(net, mesh=dp_mesh)
     opt = nn.Adam(net.trainable_params(), learning_rate=args.lr, weight_decay=args.weight_decay)
 
     def loss_fn(x: Any, y: Any) -> Any:  # this dp rank's slice of the batch
@@ -192,7 +207,11 @@ def _train_fsdp(
     coord = dp_mesh.get_coordinate()[0]
     b = args.batch // dp
     losses, times = [], []
-    desc = f"FSDP x{dp}" + (f" TP x{tp}" if tp > 1 else "")
+    desc = (
+        f"FSDP x{dp}"
+        + (f" TP x{tp}" if tp > 1 else "")
+        + (f" EP x{args.ep}" if args.ep > 1 else "")
+    )
     bar = tqdm(total=args.steps, desc=desc, unit="step", disable=rank != 0)
     for x, y in batches(data, args.steps, args.batch, args.seq, args.seed + 1):
         t0 = time.perf_counter()
@@ -231,6 +250,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    moe_defaults(args)  # --ep N alone: N data-parallel ranks
     if args.dp is not None and args.tp is not None:
         args.nproc = args.dp * args.tp
     elif args.dp is not None:

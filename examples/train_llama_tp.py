@@ -34,6 +34,16 @@ are compared with the single-process run's at the same steps.
     python examples/train_llama_tp.py --steps 100 --save ckpt              # checkpoint at the end
     python examples/train_llama_tp.py --steps 200 --resume ckpt --nproc 4  # go on, on 4 ranks
     torchrun --nproc-per-node 2 examples/train_llama_tp.py   # NCCL on GPUs, HCCL on Ascend
+
+``--moe E`` trains ``MixtralForCausalLM`` instead (the same sizes, every MLP a mixture of
+``E`` experts of ``--ffn`` each, ``--topk K`` per token, default 2); ``--ep N`` shards the
+experts over ``N`` of the data-parallel ranks (``hyper_shard.parallel.ExpertParallel``; the
+other parameters FSDP over every data-parallel rank; with ``--tp`` the experts are split
+by ``ExpertTensorParallel`` too; examples/moe_common.py has the layout):
+
+    python examples/train_llama_tp.py --moe 4 --ep 2 --check            # EP on 2 ranks
+    python examples/train_llama_tp.py --moe 4 --ep 2 --dp 4 --check     # EP x FSDP on 4
+    python examples/train_llama_tp.py --moe 4 --ep 2 --tp 2 --check     # EP x TP on 4
 """
 
 from __future__ import annotations
@@ -63,6 +73,7 @@ from llama_common import (  # noqa: E402  (the examples directory first on the p
     resolve_layout,
     validate,
 )
+from moe_common import moe_defaults, parallelize_moe  # noqa: E402
 
 __all__ = ["build_model", "llama_tp_plan", "load_data", "train_tp", "train_single", "report"]
 
@@ -86,11 +97,22 @@ def batches(
 
 # ---------------------------------------------------------------------------- model and plan
 def build_model(args: argparse.Namespace) -> torch.nn.Module:
-    """``LlamaForCausalLM`` with a tiny config, randomly initialised from ``args.seed``."""
+    """``LlamaForCausalLM`` with a tiny config, randomly initialised from ``args.seed``
+    (``MixtralForCausalLM``, Llama with a mixture of ``--moe`` experts, with ``--moe``)."""
     import transformers
     from transformers import LlamaConfig, LlamaForCausalLM
 
     transformers.logging.set_verbosity_error()
+    if getattr(args, "moe", 0):
+        from transformers import MixtralConfig, MixtralForCausalLM
+
+        moe = MixtralConfig(
+            **llama_config_kwargs(args, VOCAB), num_local_experts=args.moe,
+            num_experts_per_tok=args.topk, router_jitter_noise=0.0,
+            tie_word_embeddings=False, attn_implementation="sdpa",
+        )  # fmt: skip
+        torch.manual_seed(args.seed)
+        return MixtralForCausalLM(moe)
     cfg = LlamaConfig(
         **llama_config_kwargs(args, VOCAB), tie_word_embeddings=False, attn_implementation="sdpa"
     )
@@ -113,6 +135,8 @@ def parallelize(args: argparse.Namespace, model: torch.nn.Module, device: torch.
     from hyper_shard import Replicate, Shard, init_device_mesh
     from hyper_shard import parallel as hp
 
+    if getattr(args, "moe", 0):  # experts, FSDP and TP: examples/moe_common.py
+        return parallelize_moe(args, model, device.type)
     if args.dp == 1:
         mesh = init_device_mesh(device.type, (args.tp,), mesh_dim_names=("tp",))
     else:
@@ -154,8 +178,8 @@ def train_tp(args: argparse.Namespace, data: torch.Tensor, device: torch.device)
     model = build_model(args).to(device)
     mesh = parallelize(args, model, device)
     fwd = compiled(args, model)
-    dp_rank = mesh.get_local_rank("dp") if args.dp > 1 else 0
-    dp_group = mesh.get_group("dp") if args.dp > 1 else None
+    dp_rank = mesh["dp"].get_local_rank() if args.dp > 1 else 0
+    dp_group = mesh["dp"].get_group() if args.dp > 1 else None
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     start = resume(args, model, opt)
     pos = torch.arange(args.seq, device=device)[None]  # global positions (needed under --sp)
@@ -283,6 +307,8 @@ def run(args: argparse.Namespace, device: torch.device, data: torch.Tensor | Non
     if rank != 0:
         return 0
     single = train_single(args, data, device)
+    if getattr(args, "moe", 0):
+        return report(args, world, tp, single, wall, title="MixtralForCausalLM", stem="train_moe")
     return report(args, world, tp, single, wall)
 
 
@@ -340,6 +366,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    moe_defaults(args)  # --ep N alone: N data-parallel ranks
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
         device, backend = _launcher_device()
         if device.type == "cpu":
@@ -348,6 +375,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(run(args, device))
     if args.dp is not None and args.tp is not None:
         args.nproc = args.dp * args.tp
+    elif args.dp is not None and args.ep > 1:
+        args.nproc = args.dp
     validate(args, args.nproc)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -3,7 +3,8 @@
 ``parallelize_module(model, mesh, plan)`` turns the selected submodules' parameters into
 DTensor parameters and converts their inputs/outputs in forward hooks, by styles:
 ``ColwiseParallel``, ``RowwiseParallel``, ``SequenceParallel``, ``PrepareModuleInput``,
-``PrepareModuleOutput``, ``PrepareModuleInputOutput``; ``distribute_module`` is the
+``PrepareModuleOutput``, ``PrepareModuleInputOutput``, and for mixture-of-experts layers
+``ExpertParallel`` / ``ExpertTensorParallel``; ``distribute_module`` is the
 lower-level building block, and ``loss_parallel()`` computes cross-entropy on
 class-sharded logits without gathering them.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from .api import parallelize_module
 from .distribute import distribute_module
+from .expert import ExpertParallel, ExpertTensorParallel
 from .loss import loss_parallel
 from .plan import PlanKeyError, PlanKeyWarning
 from .style import (
@@ -35,6 +37,8 @@ __all__ = [
     "PrepareModuleInput",
     "PrepareModuleOutput",
     "PrepareModuleInputOutput",
+    "ExpertParallel",
+    "ExpertTensorParallel",
     "PlanKeyError",
     "PlanKeyWarning",
     "LayoutLengthError",

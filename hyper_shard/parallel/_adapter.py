@@ -85,6 +85,12 @@ class ModuleAdapter:
         """Run ``fn`` on the module's output after each forward; its result replaces it."""
         raise NotImplementedError
 
+    def set_forward(self, module: Any, fn: Callable[..., Any]) -> None:
+        """Make ``fn(*args, **kwargs)`` this module's forward computation (its hooks still
+        run around it): how :class:`~hyper_shard.parallel.expert.ExpertParallel` runs an
+        experts module's layer on its local experts."""
+        raise NotImplementedError
+
 
 _ADAPTERS: dict[int, ModuleAdapter] = {}
 _LOADERS: list[Callable[[], ModuleAdapter | None]] = []

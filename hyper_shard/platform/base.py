@@ -99,8 +99,9 @@ class Comm(Protocol):
     Groups are the platform's own objects with a ``ranks`` attribute (a
     :class:`GroupRanks`); every collective takes and returns tensors in mesh-coordinate
     order. ``native_collectives`` names the collectives the backend runs itself, among
-    ``all_gather``, ``all_reduce`` (both required), ``reduce_scatter``, ``all_to_all`` and
-    ``send_recv`` (a paired point-to-point exchange); the executor, the kernels and FSDP
+    ``all_gather``, ``all_reduce`` (both required), ``reduce_scatter``, ``all_to_all``,
+    ``all_to_all_v`` (rows in pieces of any sizes) and ``send_recv`` (a paired
+    point-to-point exchange); the executor, the kernels and FSDP
     call the composed forms (:mod:`hyper_shard.platform.compose`), which use a native one
     where it exists.
     """
@@ -177,6 +178,15 @@ class Comm(Protocol):
         """Native only: piece ``c`` goes to coordinate ``c``; returns the pieces received,
         by sender. Callers use :func:`hyper_shard.platform.compose.all_to_all`."""
         unimplemented(self, "all_to_all")
+
+    def all_to_all_v(
+        self, t: Any, send_sizes: Sequence[int], recv_sizes: Sequence[int], group: Any
+    ) -> Any:
+        """Native only: ``t``'s rows in pieces of ``send_sizes`` (dim 0, one per mesh
+        coordinate) go to their coordinates; returns the rows received, ``recv_sizes[c]``
+        from coordinate ``c`` in turn. Callers use
+        :func:`hyper_shard.platform.compose.all_to_all_v`."""
+        unimplemented(self, "all_to_all_v")
 
     def send_recv(self, t: Any, dst: int, like: Any, src: int, group: Any) -> Any:
         """Native only: send ``t`` to mesh coordinate ``dst`` of the group and receive, at

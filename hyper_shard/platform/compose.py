@@ -7,7 +7,10 @@ executor, the neutral kernels, FSDP's flat buffers — calls the functions here,
 the native collective where it exists and otherwise the cheapest composition:
 
 * reduce-scatter = all-reduce + narrow, or all-gather of every rank's input + a local sum;
-* all-to-all = ``n - 1`` rounds of paired send/recv, or all-gather + a local pick.
+* all-to-all = ``n - 1`` rounds of paired send/recv, or all-gather + a local pick;
+* the all-to-all of rows in pieces of any sizes (:func:`all_to_all_v`, expert
+  parallelism's token exchange) = the even all-to-all of pieces padded to the largest,
+  ``n - 1`` send/recv rounds of the rows, or an all-gather of the padded pieces + a pick.
 
 Which composition runs is the step table's (:mod:`hyper_shard.redistribute.steps`: the
 routes in order of preference, each priced as what it runs): the executor passes the route
@@ -23,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..redistribute.steps import STEPS
+from ..redistribute.steps import EXCHANGES, STEPS
 
 if TYPE_CHECKING:
     from .base import Comm, CommOps, FlatBuffers, LocalOps
@@ -32,6 +35,7 @@ __all__ = [
     "route_for",
     "reduce_scatter",
     "all_to_all",
+    "all_to_all_v",
     "reduce_scatter_flat",
     "all_gather_flat",
 ]
@@ -41,7 +45,9 @@ def route_for(plat: Comm, kind: str) -> str:
     """The route ``kind`` (``"reduce_scatter"``/``"all_to_all"``) runs by on ``plat``:
     ``"native"`` where the platform has it, else the first composition its native set
     allows (see :meth:`~hyper_shard.redistribute.steps.StepKind.route`)."""
-    return "native" if plat.has(kind) else STEPS[kind].route(plat.native_collectives)
+    if plat.has(kind):
+        return "native"
+    return (STEPS.get(kind) or EXCHANGES[kind]).route(plat.native_collectives)
 
 
 def _pad_to(plat: LocalOps, t: Any, d: int, size: int) -> Any:
@@ -141,6 +147,82 @@ def all_to_all(
         [plat.narrow(plat.narrow(r, e, 0, dst_sizes[c]), d, 0, s) for r, s in zip(recv, src_sizes)],
         d,
     )
+
+
+def all_to_all_v(
+    plat: CommOps,
+    t: Any,
+    send_sizes: Sequence[int],
+    recv_sizes: Sequence[int],
+    group: Any,
+    coord: int,
+    max_size: int | None = None,
+    route: str | None = None,
+) -> Any:
+    """The all-to-all of rows in pieces of any sizes (``all_to_all_single`` with splits):
+    ``t`` holds, along dim 0, ``send_sizes[c]`` rows for each mesh coordinate ``c`` in
+    turn; the result holds ``recv_sizes[c]`` rows from each coordinate ``c`` in turn
+    (the ``send_sizes[coord]`` rows of this rank's own piece included). Every rank passes
+    the sizes that match its peers' (rank ``a``'s ``send_sizes[b]`` is rank ``b``'s
+    ``recv_sizes[a]``): the callers exchange the counts first.
+
+    Args:
+        max_size: the largest piece of the whole exchange (the same on every rank), for the
+            padded routes; None: one small all-gather finds it when such a route runs.
+        route: ``"native"``, ``"all_to_all"`` (pieces padded to ``max_size``),
+            ``"send_recv"`` (``n - 1`` rounds; a piece of no rows travels as one padding
+            row, so a round never sends or receives nothing) or ``"all_gather"`` (padded
+            pieces gathered, this rank's picked); None: :func:`route_for`.
+
+    Raises:
+        ValueError: ``t``'s rows are not ``sum(send_sizes)``, or the sizes are not one per
+            rank of the group.
+    """
+    n = len(send_sizes)
+    rows = plat.shape(t)[0]
+    if rows != sum(send_sizes) or len(recv_sizes) != n:
+        raise ValueError(
+            f"all_to_all_v: {rows} rows to send in pieces of {list(send_sizes)} (their sum "
+            f"must be the rows), receiving pieces of {list(recv_sizes)} (one per rank)"
+        )
+    if n == 1:
+        return t
+    if route is None:
+        route = route_for(plat, "all_to_all_v")
+    if route == "native":
+        return plat.all_to_all_v(t, send_sizes, recv_sizes, group)
+    pieces = _split(plat, t, 0, send_sizes)
+    if route == "send_recv":  # n - 1 rounds: send to coordinate c + k, receive from c - k
+        recv = list(pieces)
+        for k in range(1, n):
+            to, frm = (coord + k) % n, (coord - k) % n
+            out = _pad_to(plat, pieces[to], 0, max(send_sizes[to], 1))
+            like = _pad_to(plat, plat.narrow(t, 0, 0, 0), 0, max(recv_sizes[frm], 1))
+            got = plat.send_recv(out, to, like, frm, group)
+            recv[frm] = plat.narrow(got, 0, 0, recv_sizes[frm])
+        return plat.cat(recv, 0)
+    if max_size is None:  # the largest piece any rank sends
+        mine = max(max(send_sizes), 1)
+        every = plat.all_gather(plat.arange(mine, mine + 1, t), group, n)
+        max_size = max(int(plat.tolist(x)[0]) for x in every)
+    size = max(max_size, 1)
+    padded = [_pad_to(plat, p, 0, size) for p in pieces]
+    if route == "all_to_all":
+        got = all_to_all_pieces(plat, padded, group, coord)
+    else:  # every rank's padded pieces; keep the pieces addressed to this coordinate
+        everyone = plat.all_gather(plat.cat(padded, 0), group, n)
+        got = [plat.narrow(x, 0, coord * size, size) for x in everyone]
+    return plat.cat([plat.narrow(g, 0, 0, r) for g, r in zip(got, recv_sizes)], 0)
+
+
+def all_to_all_pieces(plat: CommOps, pieces: Sequence[Any], group: Any, coord: int) -> list[Any]:
+    """The even all-to-all of ``n`` equally shaped pieces (piece ``c`` to coordinate
+    ``c``; returns the pieces received, by sender), native or by the platform's
+    composition; this rank is coordinate ``coord``."""
+    n = len(pieces)
+    t = plat.unsqueeze(plat.stack(pieces, 0), 1)  # [n (to), 1 (mine), ...]
+    out = plat.select(all_to_all(plat, t, 1, 0, [1] * n, [1] * n, group, coord), 0, 0)
+    return [plat.select(out, 0, c) for c in range(n)]
 
 
 def _coord(plat: CommOps, group: Any) -> int:

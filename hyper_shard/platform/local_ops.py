@@ -118,6 +118,20 @@ class LocalOps(Protocol):
     def matmul(self, a: Any, b: Any) -> Any:
         unimplemented(self, "matmul")
 
+    def grouped_mm(self, x: Any, w: Any, sizes: Sequence[int]) -> Any:
+        """The grouped matrix product: ``x`` ``[S, K]`` holds ``sizes[g]`` rows for each
+        group ``g`` in turn (``sum(sizes) == S``), ``w`` is ``[G, K, N]``; row block ``g``
+        of the ``[S, N]`` result is ``x``'s block ``g`` times ``w[g]``. Default: a loop over
+        the groups (``narrow`` + ``matmul``; a group of no rows costs nothing)."""
+        outs, start = [], 0
+        for g, s in enumerate(sizes):
+            if s:
+                outs.append(self.matmul(self.narrow(x, 0, start, s), self.select(w, 0, g)))
+            start += s
+        if not outs:  # no rows at all: an empty [0, N] result, still connected to x and w
+            return self.matmul(self.narrow(x, 0, 0, 0), self.select(w, 0, 0))
+        return outs[0] if len(outs) == 1 else self.cat(outs, 0)
+
     def softmax(self, t: Any, dim: int) -> Any:
         unimplemented(self, "softmax")
 
@@ -131,6 +145,23 @@ class LocalOps(Protocol):
         """A new tensor of ``shape`` filled with ``value``, with ``like``'s dtype (or
         ``dtype``) and device."""
         unimplemented(self, "full")
+
+    def argsort(self, t: Any) -> Any:
+        """The indices (int64) that sort 1-D ``t`` ascending, equal values in their
+        original order (a stable sort; not differentiable)."""
+        unimplemented(self, "argsort")
+
+    def bincount(self, t: Any, length: int) -> Any:
+        """How many times each of ``0 .. length - 1`` occurs in the 1-D integer ``t``
+        (int64, ``[length]``; values outside are not counted). Default: a comparison with
+        ``arange(length)`` summed (``O(len(t) * length)``)."""
+        with self.no_grad():
+            hits = self.unsqueeze(t, 1) == self.unsqueeze(self.arange(0, length, t), 0)
+            return self.sum(self.cast(hits, self.dtype_of(self.arange(0, 1, t))), 0)
+
+    def tolist(self, t: Any) -> list[Any]:
+        """The values of a small 1-D tensor as python numbers (a copy to the host)."""
+        unimplemented(self, "tolist")
 
     def arange(self, start: int, end: int, like: Any) -> Any:
         """The integers ``[start, end)`` (int64) on ``like``'s device."""

@@ -76,6 +76,7 @@ __all__ = [
     "COLLECTIVES",
     "LOCAL_STEPS",
     "ROUTES",
+    "EXCHANGES",
 ]
 
 _R = Replicate()
@@ -348,6 +349,35 @@ class AllReduce(StepKind):
         return type(src) is Partial and src.reduce_op in ("max", "min")
 
 
+class AllToAllV(StepKind):
+    """No placement step: the all-to-all of rows in pieces of any sizes (expert
+    parallelism's token exchange, :func:`hyper_shard.platform.compose.all_to_all_v`),
+    routed and priced like the steps. Routes: native; the even all-to-all with every piece
+    padded to the largest of the exchange; ``n - 1`` send/recv rounds moving only the
+    rows; an all-gather of the padded pieces + a pick. ``bytes_in``: the rows this rank
+    sends; ``bytes_out``: ``n`` times the largest piece (the padded exchange)."""
+
+    name = "all_to_all_v"
+    source = Shard
+    routes = ("native", "all_to_all", "send_recv", "all_gather")
+
+    def targets(self, p, ndim, blocked, ops):  # type: ignore[no-untyped-def]
+        return []
+
+    def route_cost(self, route, cm, m, n, bytes_in, bytes_out):  # type: ignore[no-untyped-def]
+        f = (n - 1) / n
+        if route == "native":
+            return _ring(cm, m, n - 1, f * bytes_in)
+        if route == "all_to_all":
+            return _ring(cm, m, n - 1, f * bytes_out) + cm.gamma * (bytes_in + bytes_out)
+        if route == "send_recv":
+            return _ring(cm, m, n - 1, f * bytes_in) + cm.gamma * bytes_in
+        return _ring(cm, m, n - 1, (n - 1) * bytes_out) + cm.gamma * (bytes_in + bytes_out)
+
+    def transpose(self, src, dst):  # type: ignore[no-untyped-def]
+        return None  # its backward is the exchange with the sizes swapped
+
+
 # ---------------------------------------------------------------------- the table
 def _table(*kinds: StepKind) -> dict[str, StepKind]:
     return {k.name: k for k in kinds}
@@ -365,5 +395,7 @@ STEPS_FROM: dict[type, tuple[StepKind, ...]] = {
 COLLECTIVES = frozenset(k.name for k in STEPS.values() if k.collective)
 #: the local kinds
 LOCAL_STEPS = frozenset(k.name for k in STEPS.values() if not k.collective)
+#: exchanges that are no placement step, routed and priced like one (not in the graph)
+EXCHANGES: dict[str, StepKind] = _table(AllToAllV())
 #: collective kind -> its routes (see :attr:`StepKind.routes`)
 ROUTES: dict[str, tuple[str, ...]] = {k.name: k.routes for k in STEPS.values() if k.collective}

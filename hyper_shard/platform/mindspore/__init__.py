@@ -364,6 +364,16 @@ class MindSporePlatform(Platform):
     def isfinite(self, t: Tensor) -> Tensor:
         return mint.isfinite(t)
 
+    def argsort(self, t: Tensor) -> Tensor:
+        """A stable argsort of an integer tensor: ``ops.sort`` of the unique keys
+        ``value * len + position`` (no stable sort kernel on CPU)."""
+        n = int(_local_shape(t)[0])
+        keys = t.astype(ms.int64) * max(n, 1) + self.arange(0, n, t)
+        return ops.sort(keys)[1].astype(ms.int64)
+
+    def tolist(self, t: Tensor) -> list[Any]:
+        return ms_local(t).asnumpy().tolist()  # type: ignore[no-any-return]
+
     def repeat_interleave(self, t: Tensor, repeats: int, dim: int) -> Tensor:
         return ops.repeat_interleave(t, repeats, dim)
 

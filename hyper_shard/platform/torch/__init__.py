@@ -34,9 +34,24 @@ _OPS = {
     "prod": dist.ReduceOp.PRODUCT,
 }
 #: what torch.distributed runs natively on every backend (gloo included)
-_NATIVE = COLLECTIVES | {"send_recv"}
+_NATIVE = COLLECTIVES | {"send_recv", "all_to_all_v"}
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _grouped_mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether ``torch._grouped_mm`` runs on these operands: a dtype its kernel takes, the
+    same on both, rows present, and every stride but the unit one (and the data) aligned
+    to 16 bytes (the CPU kernel's condition)."""
+    if not hasattr(torch, "_grouped_mm") or x.dtype != w.dtype or x.shape[0] == 0:
+        return False
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return False
+    size = x.element_size()
+    return not torch.compiler.is_compiling() and all(
+        t.data_ptr() % 16 == 0 and all((st * size) % 16 == 0 for st in t.stride() if st != 1)
+        for t in (x, w)
+    )
 
 
 def _exchange(ops: list[Any]) -> None:
@@ -361,6 +376,25 @@ class TorchPlatform(Platform):
     def isfinite(self, t: torch.Tensor) -> torch.Tensor:
         return torch.isfinite(t)
 
+    def grouped_mm(self, x: torch.Tensor, w: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+        """``torch._grouped_mm`` where its kernel takes the operands (float32/bfloat16/
+        float16, rows of 16-byte multiples; on CPU since torch 2.9), else the loop."""
+        if _grouped_mm_ok(x, w):
+            offs = torch.tensor(sizes, dtype=torch.int32, device=x.device).cumsum(
+                0, dtype=torch.int32
+            )
+            return torch._grouped_mm(x, w, offs=offs)
+        return super().grouped_mm(x, w, sizes)
+
+    def argsort(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.argsort(t, stable=True)
+
+    def bincount(self, t: torch.Tensor, length: int) -> torch.Tensor:
+        return torch.bincount(t[(t >= 0) & (t < length)], minlength=length)
+
+    def tolist(self, t: torch.Tensor) -> list[Any]:
+        return t.tolist()  # type: ignore[no-any-return]
+
     def repeat_interleave(self, t: torch.Tensor, repeats: int, dim: int) -> torch.Tensor:
         return t.repeat_interleave(repeats, dim=dim)
 
@@ -483,6 +517,30 @@ class TorchPlatform(Platform):
             dist.all_to_all_single, out.view(-1), inp.view(-1), group=group.pg,
         )  # fmt: skip
         return group.to_coord_order(list(out.unbind(0)))
+
+    def all_to_all_v(
+        self,
+        t: torch.Tensor,
+        send_sizes: Sequence[int],
+        recv_sizes: Sequence[int],
+        group: TorchGroup,
+    ) -> torch.Tensor:
+        """``all_to_all_single`` with split sizes (gloo included); pieces travel in the
+        backend's group-rank order."""
+        if t.dtype is torch.int16:
+            return self.all_to_all_v(t.int(), send_sizes, recv_sizes, group).to(torch.int16)
+        inp = t.contiguous()
+        if not group.identity:
+            inp = torch.cat(group.to_group_order(list(inp.split(list(send_sizes)))))
+        send, recv = group.to_group_order(send_sizes), group.to_group_order(recv_sizes)
+        out = inp.new_empty((sum(recv_sizes), *inp.shape[1:]))
+        collective(
+            self, "all_to_all_v", group, inp.shape, inp.dtype,
+            dist.all_to_all_single, out, inp, recv, send, group=group.pg,
+        )  # fmt: skip
+        if not group.identity:
+            out = torch.cat(group.to_coord_order(list(out.split(recv))))
+        return out
 
     def send_recv(
         self, t: torch.Tensor, dst: int, like: torch.Tensor, src: int, group: TorchGroup

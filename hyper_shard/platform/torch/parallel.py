@@ -118,5 +118,9 @@ class TorchModuleAdapter(ModuleAdapter):
     def register_output_hook(self, module: Any, fn: OutputHook) -> Any:
         return module.register_forward_hook(fn)
 
+    def set_forward(self, module: Any, fn: Any) -> None:
+        # an instance attribute: nn.Module.__call__ runs it, the hooks around it
+        module.__dict__["forward"] = fn
+
     def is_tensor(self, x: Any) -> bool:
         return isinstance(x, torch.Tensor)
