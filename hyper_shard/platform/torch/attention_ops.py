@@ -55,17 +55,22 @@ def post(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int, pg: Any, ta
     ]
 
 
-def _flash_ok(q: torch.Tensor, k: torch.Tensor) -> bool:
-    return q.device.type == "cpu" and q.dtype in _FLASH_DTYPES and 0 not in (*q.shape, *k.shape)
+def _flash_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    return (
+        q.device.type == "cpu"
+        and q.dtype in _FLASH_DTYPES
+        and q.shape[-1] == v.shape[-1]  # one head size for query, key and value
+        and 0 not in (*q.shape, *k.shape)
+    )
 
 
 def flash_lse(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """torch's CPU flash attention (``_scaled_dot_product_flash_attention_for_cpu``): the
-    output and the log-sum-exp (float32); None off CPU, for other dtypes or empty blocks
-    (the kernels compose the math)."""
-    if not _flash_ok(q, k):
+    output and the log-sum-exp (float32); None off CPU, for other dtypes, a value head
+    size other than the query's, or empty blocks (the kernels compose the math)."""
+    if not _flash_ok(q, k, v):
         return None
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, 0.0, causal, scale=scale
@@ -84,7 +89,7 @@ def flash_lse_backward(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Its backward from a given output and log-sum-exp; None where :func:`flash_lse` is."""
-    if not _flash_ok(q, k):
+    if not _flash_ok(q, k, v):
         return None
     dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         dout.to(q.dtype).contiguous(), q, k, v, out.to(q.dtype).contiguous(),
