@@ -5,17 +5,18 @@ on a share of the heads.
 Each of query, key and value goes from sequence-sharded to heads-sharded by one
 all-to-all over the mesh dim (:func:`hyper_shard.platform.compose.all_to_all`: native, or
 composed from send/recv rounds or an all-gather), the platform's own attention runs on
-``H / n`` heads over the whole (laid-out) sequence, and the output goes back to
-sequence-sharded by one more all-to-all. Backward is the transpose: each all-to-all's
+``H / n`` heads over the whole sequence, and the output goes back to sequence-sharded by
+one more all-to-all. Backward is the transpose: each all-to-all's
 gradient takes the way back, the attention's gradient is the framework's own. Per rank
 each all-to-all moves ``(n - 1) / n`` of a local piece (4 forward, 4 backward), against
 ``n - 1`` pieces of key and value for the all-gather form.
 
 The query heads (and the key/value heads, after repeating them to the query heads when
 they do not split over the ranks: grouped-query attention) must divide by the ranks
-(checked by the rule). A causal mask in the plain layout is the function's own
-``is_causal`` (the sequence is whole); in the head-tail layout it is a boolean mask of the
-laid-out positions (:mod:`hyper_shard.kernels.attention_layout`).
+(checked by the rule). The gathered sequence is put in natural order first (in the
+head-tail layout, :mod:`hyper_shard.kernels.attention_layout`: a few slices) so a causal
+mask is the function's own ``is_causal`` (no mask tensor, the fused kernel), and the
+output back in the laid-out order.
 
 Framework-neutral.
 """
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..dispatch.op import Binder
 from ..platform import compose
-from .attention_layout import current_layout, positions
+from .attention_layout import current_layout, laid_out, natural_order
 
 if TYPE_CHECKING:
     from ..platform.base import Runtime
@@ -48,7 +49,7 @@ class AllToAllAttention:
         q_len, kv_len: the global sequence lengths of query and key/value.
     """
 
-    __slots__ = ("func", "binder", "plat", "group", "n", "coord", "q_len", "kv_len", "_masks")
+    __slots__ = ("func", "binder", "plat", "group", "n", "coord", "q_len", "kv_len")
 
     def __init__(
         self,
@@ -63,7 +64,6 @@ class AllToAllAttention:
     ) -> None:
         self.func, self.binder, self.plat, self.group = func, binder, plat, group
         self.n, self.coord, self.q_len, self.kv_len = n, coord, q_len, kv_len
-        self._masks: dict[tuple, Any] = {}
 
     def __repr__(self) -> str:
         return f"AllToAllAttention(ranks={self.n}, query {self.q_len}, key/value {self.kv_len})"
@@ -83,22 +83,9 @@ class AllToAllAttention:
             return fwd(t)
         return plat.custom_autograd(fwd, bwd, t)
 
-    def _mask(self, layout: Any, like: Any) -> Any:
-        key = (layout, str(getattr(like, "device", "")))
-        m = self._masks.get(key)
-        if m is None:
-            plat, n = self.plat, self.n
-            qs = [s for c in range(n) for s in layout.segments(self.q_len, n, c)]
-            ks = [s for c in range(n) for s in layout.segments(self.kv_len, n, c)]
-            qp = plat.unsqueeze(positions(plat, tuple(qs), like), -1)
-            kp = plat.unsqueeze(positions(plat, tuple(ks), like), 0)
-            m = self._masks[key] = kp <= qp
-        return m
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         b, plat, n = self.binder, self.plat, self.n
         q, k, v = (b.get(args, kwargs, r) for r in ("query", "key", "value"))
-        causal = bool(b.get(args, kwargs, "is_causal", False))
         layout = current_layout()
         layout.check(self.q_len, n, "query")
         layout.check(self.kv_len, n, "key/value")
@@ -110,16 +97,11 @@ class AllToAllAttention:
             v = plat.repeat_interleave(v, hq // hkv, hd)
             hkv = hq
         qs, ks = layout.sizes(self.q_len, n), layout.sizes(self.kv_len, n)
-        qh = self._a2a(q, sd, hd, qs, [hq // n] * n)
-        kh = self._a2a(k, sd, hd, ks, [hkv // n] * n)
-        vh = self._a2a(v, sd, hd, ks, [hkv // n] * n)
-        mask = None
-        if causal and layout.balanced:
-            mask, causal = self._mask(layout, q), False
+        qh = natural_order(plat, self._a2a(q, sd, hd, qs, [hq // n] * n), sd, layout, n)
+        kh = natural_order(plat, self._a2a(k, sd, hd, ks, [hkv // n] * n), sd, layout, n)
+        vh = natural_order(plat, self._a2a(v, sd, hd, ks, [hkv // n] * n), sd, layout, n)
         a2, k2 = b.replace(args, kwargs, "query", qh)
         a2, k2 = b.replace(a2, k2, "key", kh)
         a2, k2 = b.replace(a2, k2, "value", vh)
-        a2, k2 = b.replace(a2, k2, "attn_mask", mask)
-        a2, k2 = b.replace(a2, k2, "is_causal", causal)
-        out = self.func(*a2, **k2)
+        out = laid_out(plat, self.func(*a2, **k2), sd, layout, n)
         return self._a2a(out, hd, sd, [hq // n] * n, qs)

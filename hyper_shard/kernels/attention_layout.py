@@ -52,6 +52,7 @@ __all__ = [
     "positions",
     "local_piece",
     "natural_order",
+    "laid_out",
     "check_buffers",
     "layout_of",
 ]
@@ -179,6 +180,15 @@ def local_piece(
     length = plat.shape(t)[dim]
     layout.check(length, n)
     return _runs(plat, t, dim, layout.segments(length, n, coord))
+
+
+def laid_out(plat: LocalOps, t: Any, dim: int, layout: SequenceLayout, n: int) -> Any:
+    """The whole natural-order tensor ``t`` laid out along ``dim`` (every rank's piece, in
+    mesh-coordinate order); the inverse of :func:`natural_order`."""
+    if not layout.balanced:
+        return t
+    length = plat.shape(t)[dim]
+    return _runs(plat, t, dim, [s for c in range(n) for s in layout.segments(length, n, c)])
 
 
 def natural_order(plat: LocalOps, t: Any, dim: int, layout: SequenceLayout, n: int) -> Any:

@@ -181,57 +181,50 @@ class _Run:
         self.plans = [block_plan(self.q_segs, self.kv_segs[r], causal) for r in range(n)]
         self.saved: tuple[Any, ...] = ()
 
-    # -- packing: one flat message per piece (padded to the largest piece) ------------
-    def pack(self, k: Any, v: Any) -> Any:
+    # -- the pieces in transit: padded to the largest piece, key and value two messages --
+    def pad(self, t: Any) -> Any:
         plat = self.ring.plat
-        parts = []
-        for t in (k, v):
-            if plat.shape(t)[-2] != self.rows:
-                t = plat.pad_dim(t, len(plat.shape(t)) - 2, self.rows)
-            parts.append(plat.reshape(plat.contiguous(t), (-1,)))
-        return plat.cat(parts, 0)
+        if plat.shape(t)[-2] == self.rows:
+            return t
+        return plat.pad_dim(t, len(plat.shape(t)) - 2, self.rows)
 
-    def unpack(self, flat: Any, src: int) -> tuple[Any, Any]:
-        plat = self.ring.plat
-        nk = math.prod(self.k_shape)
-        k = plat.reshape(plat.narrow(flat, 0, 0, nk), self.k_shape)
-        v = plat.reshape(plat.narrow(flat, 0, nk, math.prod(self.v_shape)), self.v_shape)
+    def unpad(self, t: Any, src: int) -> Any:
         r = self.kv_rows[src]
-        if r != self.rows:
-            k, v = plat.narrow(k, -2, 0, r), plat.narrow(v, -2, 0, r)
-        return k, v
+        return t if r == self.rows else self.ring.plat.narrow(t, -2, 0, r)
 
-    def shift(self, t: Any, tag: int) -> Any:
+    def shift(self, pair: tuple[Any, Any], tag: int) -> tuple[Any, Any]:
+        """Start sending both tensors to the next rank (tags ``tag``, ``tag + 1``)."""
         ring = self.ring
-        return compose.shift_start(ring.plat, t, ring.group, ring.coord, ring.n, tag)
+        return (
+            compose.shift_start(ring.plat, pair[0], ring.group, ring.coord, ring.n, tag),
+            compose.shift_start(ring.plat, pair[1], ring.group, ring.coord, ring.n, tag + 1),
+        )
 
     # -- forward ------------------------------------------------------------------------
     def forward(self, q: Any, k: Any, v: Any) -> Any:
         ring, plat = self.ring, self.ring.plat
         n, c = ring.n, ring.coord
         accs: dict[int, Any] = {}
-        cur_k, cur_v, flat = k, v, None
+        cur = (k, v)
+        send = (self.pad(k), self.pad(v))
         for i in range(n):
             src = (c - i) % n
-            pending = None
-            if i < n - 1:
-                if flat is None:
-                    flat = self.pack(k, v)
-                pending = self.shift(flat, 0)
-            self._probe("forward", i, flat, pending)
+            pending = self.shift(send, 0) if i < n - 1 else None
+            self._probe("forward", i, send if i else (), pending)
             for ro, rows, co, cols, diag in self.plans[src]:
                 blk = block_forward(
                     plat,
                     plat.narrow(q, -2, ro, rows),
-                    plat.narrow(cur_k, -2, co, cols),
-                    plat.narrow(cur_v, -2, co, cols),
+                    plat.narrow(cur[0], -2, co, cols),
+                    plat.narrow(cur[1], -2, co, cols),
                     diag,
                     self.scale,
                 )
                 accs[ro] = merge(plat, accs.get(ro), blk)
             if pending is not None:
-                flat = pending.wait()
-                cur_k, cur_v = self.unpack(flat, (src - 1) % n)
+                send = (pending[0].wait(), pending[1].wait())
+                nxt = (src - 1) % n
+                cur = (self.unpad(send[0], nxt), self.unpad(send[1], nxt))
         out, lse = self._assemble(q, v, accs)
         out = plat.cast(out, plat.dtype_of(q))
         self.saved = (q, k, v, out, lse)
@@ -268,53 +261,70 @@ class _Run:
         dout = plat.cast(dout, plat.dtype_of(q))
         acc_dtype = plat.dtype_of(lse)
         dqs: dict[int, Any] = {}
-        cur_k, cur_v, flat = k, v, None
-        dkv = None  # the gradient exchange in flight
+        cur = (k, v)
+        send = (self.pad(k), self.pad(v))
+        grads = None  # the gradient exchange in flight
         for i in range(n):
             src = (c - i) % n
-            pending = None
-            if i < n - 1:
-                if flat is None:
-                    flat = self.pack(k, v)
-                pending = self.shift(flat, 0)
-            dk_piece, dv_piece = None, None
-            rows = self.kv_rows[src]
-            for ro, qr, co, cols, diag in self.plans[src]:
-                dq_c, dk_c, dv_c = block_backward(
-                    plat,
-                    plat.narrow(dout, -2, ro, qr),
-                    plat.narrow(q, -2, ro, qr),
-                    plat.narrow(cur_k, -2, co, cols),
-                    plat.narrow(cur_v, -2, co, cols),
-                    plat.narrow(out, -2, ro, qr),
-                    plat.narrow(lse, -1, ro, qr),
-                    diag,
-                    self.scale,
-                )
-                dq_c = plat.cast(dq_c, acc_dtype)
-                dqs[ro] = dq_c if ro not in dqs else dqs[ro] + dq_c
-                ek = plat.embed(plat.cast(dk_c, acc_dtype), len(plat.shape(dk_c)) - 2, co, rows)
-                ev = plat.embed(plat.cast(dv_c, acc_dtype), len(plat.shape(dv_c)) - 2, co, rows)
-                dk_piece = ek if dk_piece is None else dk_piece + ek
-                dv_piece = ev if dv_piece is None else dv_piece + ev
-            if dk_piece is None:  # nothing of this piece is visible here
-                dk_piece = plat.cast(plat.zeros_like(cur_k), acc_dtype)
-                dv_piece = plat.cast(plat.zeros_like(cur_v), acc_dtype)
-            mine = self.pack(dk_piece, dv_piece)
-            acc = mine if dkv is None else dkv.wait() + mine
-            dkv = self.shift(acc, 1) if n > 1 else compose.Done(acc)
-            self._probe("backward", i, flat, pending, acc, dkv)
+            pending = self.shift(send, 0) if i < n - 1 else None
+            dk, dv = self._block_grads(src, q, dout, out, lse, cur, dqs, acc_dtype)
+            mine = (self.pad(dk), self.pad(dv))
+            if grads is not None:
+                mine = (grads[0].wait() + mine[0], grads[1].wait() + mine[1])
+            grads = self.shift(mine, 2) if n > 1 else (compose.Done(mine[0]), compose.Done(mine[1]))
+            self._probe("backward", i, send if i else (), pending, mine, grads)
             if pending is not None:
-                flat = pending.wait()
-                cur_k, cur_v = self.unpack(flat, (src - 1) % n)
-        assert dkv is not None
-        dk, dv = self.unpack(dkv.wait(), c)
+                send = (pending[0].wait(), pending[1].wait())
+                nxt = (src - 1) % n
+                cur = (self.unpad(send[0], nxt), self.unpad(send[1], nxt))
+        assert grads is not None
+        dk, dv = self.unpad(grads[0].wait(), c), self.unpad(grads[1].wait(), c)
         dq = self._assemble_dq(q, dqs)
         return (
             plat.cast(dq, plat.dtype_of(q)),
             plat.cast(dk, plat.dtype_of(k)),
             plat.cast(dv, plat.dtype_of(v)),
         )
+
+    def _block_grads(
+        self,
+        src: int,
+        q: Any,
+        dout: Any,
+        out: Any,
+        lse: Any,
+        cur: tuple[Any, Any],
+        dqs: dict[int, Any],
+        acc_dtype: Any,
+    ) -> tuple[Any, Any]:
+        """This rank's gradient of key/value piece ``src`` (adding the query's to ``dqs``)."""
+        plat = self.ring.plat
+        dk_piece, dv_piece = None, None
+        rows = self.kv_rows[src]
+        for ro, qr, co, cols, diag in self.plans[src]:
+            dq_c, dk_c, dv_c = block_backward(
+                plat,
+                plat.narrow(dout, -2, ro, qr),
+                plat.narrow(q, -2, ro, qr),
+                plat.narrow(cur[0], -2, co, cols),
+                plat.narrow(cur[1], -2, co, cols),
+                plat.narrow(out, -2, ro, qr),
+                plat.narrow(lse, -1, ro, qr),
+                diag,
+                self.scale,
+            )
+            dq_c = plat.cast(dq_c, acc_dtype)
+            dqs[ro] = dq_c if ro not in dqs else dqs[ro] + dq_c
+            ek = plat.embed(plat.cast(dk_c, acc_dtype), len(plat.shape(dk_c)) - 2, co, rows)
+            ev = plat.embed(plat.cast(dv_c, acc_dtype), len(plat.shape(dv_c)) - 2, co, rows)
+            dk_piece = ek if dk_piece is None else dk_piece + ek
+            dv_piece = ev if dv_piece is None else dv_piece + ev
+        if dk_piece is None or dv_piece is None:  # nothing of this piece is visible here
+            return (
+                plat.cast(plat.zeros_like(cur[0]), acc_dtype),
+                plat.cast(plat.zeros_like(cur[1]), acc_dtype),
+            )
+        return dk_piece, dv_piece
 
     def _assemble_dq(self, q: Any, dqs: dict[int, Any]) -> Any:
         plat = self.ring.plat
@@ -328,20 +338,19 @@ class _Run:
         return parts[0] if len(parts) == 1 else plat.cat(parts, -2)
 
     def _probe(self, phase: str, step: int, *held: Any) -> None:
-        """Record the key/value bytes held beyond the inputs: the packed or received piece
-        and the exchanges in flight (their receive buffers)."""
+        """Record the key/value bytes held beyond the inputs: the received pieces computed
+        on, the exchanges in flight (their receive buffers) and the gradients sent."""
         if _PROBE is None:
             return
         plat = self.ring.plat
         total = 0
-        for h in held:
-            if h is None:
-                continue
-            t = getattr(h, "recv", None)
-            if t is None and hasattr(h, "value"):
-                t = h.value
-            if t is None and plat.is_tensor(h):
-                t = h
-            if t is not None:
-                total += _nbytes(plat, t)
+        for group in held:
+            for h in group or ():
+                t = getattr(h, "recv", None)
+                if t is None and hasattr(h, "value"):
+                    t = h.value
+                if t is None and plat.is_tensor(h):
+                    t = h
+                if t is not None:
+                    total += _nbytes(plat, t)
         _PROBE.append((phase, step, total))
