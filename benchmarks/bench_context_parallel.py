@@ -117,7 +117,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, q: Any) 
         pieces = [t.index_select(2, order).narrow(2, rank * n, n).contiguous() for t in whole]
         piece_kv = 2 * pieces[1].numel() * pieces[1].element_size()
 
-        def sharded() -> Any:
+        def sharded(pieces: list = pieces, shape: tuple = shape) -> Any:
             ds = [
                 DTensor.from_local(
                     p.clone().requires_grad_(), mesh, [Shard(2)], shape=shape,
@@ -147,7 +147,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, q: Any) 
         if rank == 0:
             ws = [t.clone().requires_grad_() for t in whole]
 
-            def single() -> None:
+            def single(ws: list = ws) -> None:
                 out = F.scaled_dot_product_attention(*ws, is_causal=True)
                 out.backward(torch.ones_like(out))
 
