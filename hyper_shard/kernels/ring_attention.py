@@ -151,7 +151,7 @@ class RingAttention:
         layout = current_layout()
         layout.check(self.q_len, self.n, "query")
         layout.check(self.kv_len, self.n, "key/value")
-        run = _Run(self, layout, causal, scale, q, k, v)
+        run = _Run(self, layout, causal, scale)
         return plat.custom_autograd_n(run.forward, run.backward, (q, k, v))
 
 
@@ -165,9 +165,6 @@ class _Run:
         layout: SequenceLayout,
         causal: bool,
         scale: float,
-        q: Any,
-        k: Any,
-        v: Any,
     ) -> None:
         self.ring, self.causal, self.scale = ring, causal, scale
         n, c = ring.n, ring.coord
@@ -175,9 +172,6 @@ class _Run:
         self.kv_segs = [layout.segments(ring.kv_len, n, r) for r in range(n)]
         self.kv_rows = [sum(s for _, s in segs) for segs in self.kv_segs]
         self.rows = max(self.kv_rows)
-        plat = ring.plat
-        self.k_shape = (*plat.shape(k)[:-2], self.rows, plat.shape(k)[-1])
-        self.v_shape = (*plat.shape(v)[:-2], self.rows, plat.shape(v)[-1])
         self.plans = [block_plan(self.q_segs, self.kv_segs[r], causal) for r in range(n)]
         self.saved: tuple[Any, ...] = ()
 
