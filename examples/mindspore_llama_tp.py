@@ -35,7 +35,7 @@ on ``mesh["tp"]``, then the FSDP units on ``mesh["dp"]`` (as the torch job).
     python examples/mindspore_llama_tp.py --sp --steps 50      # sequence parallel too
     python examples/mindspore_llama_tp.py --dp 2 --check       # FSDP on 2 CPU ranks
     python examples/mindspore_llama_tp.py --dp 2 --tp 2 --check  # FSDP x TP on 4 CPU ranks
-    python examples/mindspore_llama_tp.py --cp 2 --tp 2 --seq 128 --check  # CP x TP, 4 ranks
+    python examples/mindspore_llama_tp.py --cp 2 --tp 2 --check  # CP x TP on 4 CPU ranks
 
 ``--cp N`` adds context parallelism (``hyper_shard.experimental.context_parallel``) on a
 ``("dp", "cp", "tp")`` mesh, as the torch job: the model's attention becomes one call of
@@ -304,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.dp is not None and args.tp is not None:
         args.nproc = args.dp * args.tp * (args.cp or 1)
+    elif args.cp and args.cp > 1:  # --cp N [--dp M | --tp M]: the ranks they take
+        args.nproc = args.cp * (args.dp or 1) * (args.tp or 1)
     elif args.dp is not None:
         args.nproc = args.dp * (args.cp or 1)
     validate(args, args.nproc)

@@ -40,7 +40,7 @@ are compared with the single-process run's at the same steps.
     python examples/train_llama_tp.py --dp 2 --tp 1   # FSDP alone on 2 ranks
     python examples/train_llama_tp.py --check         # fail if a loss differs by > 1e-4 (rel)
     python examples/train_llama_tp.py --sp --steps 50 # sequence parallel too
-    python examples/train_llama_tp.py --cp 2 --tp 2 --seq 128 --check  # CP x TP on 4 ranks
+    python examples/train_llama_tp.py --cp 2 --tp 2 --check  # CP x TP on 4 CPU ranks
     python examples/train_llama_tp.py --steps 100 --save ckpt              # checkpoint at the end
     python examples/train_llama_tp.py --steps 200 --resume ckpt --nproc 4  # go on, on 4 ranks
     torchrun --nproc-per-node 2 examples/train_llama_tp.py   # NCCL on GPUs, HCCL on Ascend
@@ -397,6 +397,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(run(args, device))
     if args.dp is not None and args.tp is not None:
         args.nproc = args.dp * args.tp * (args.cp or 1)
+    elif args.cp and args.cp > 1:  # --cp N [--dp M | --tp M]: the ranks they take
+        args.nproc = args.cp * (args.dp or 1) * (args.tp or 1)
     if args.cp and args.cp > 1 and args.compile:
         raise SystemExit("--cp runs eagerly: context_parallel patches attention, not traced")
     validate(args, args.nproc)

@@ -250,8 +250,7 @@ class _Run:
     def backward(self, dout: Any) -> tuple[Any, Any, Any]:
         ring, plat = self.ring, self.ring.plat
         n, c = ring.n, ring.coord
-        q, k, v, out, lse = self.saved
-        self.saved = ()
+        q, k, v, out, lse = self.saved  # kept: a retained graph runs backward again
         dout = plat.cast(dout, plat.dtype_of(q))
         acc_dtype = plat.dtype_of(lse)
         dqs: dict[int, Any] = {}
