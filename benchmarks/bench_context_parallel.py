@@ -9,8 +9,11 @@ hyper_shard's attention rule runs each method forced with
 next to them. One process runs the same attention on the whole sequence with torch's
 kernel (rank 0; the other rank waits).
 
-Per method and length: the time of forward + backward (median over the repeats of the
-slower rank; ``ratio`` = time / one process's, < 1 is faster), the bytes each rank sends
+Per method and length: the time of forward + backward (the fastest of the repeats, of the
+slower rank: the least disturbed by other load on a shared machine; ``ratio`` = time /
+one process's, < 1 is faster), the CPU time of the busier rank (``time.process_time``:
+what a loaded machine does not inflate; its ratio is the share of one process's work a
+rank does, 0.5 at best on 2 ranks), the bytes each rank sends
 (counted from the tensors handed to the platform's collectives: an all-gather or
 all-to-all of a piece sends ``n - 1`` of its ``n`` parts, a send/recv its tensor) and the
 largest key/value bytes the method holds at once (ring: the kernel's own record,
@@ -29,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import statistics
 import time
 from typing import Any
 
@@ -82,14 +84,16 @@ class _Bytes:
             delattr(self.plat, name)
 
 
-def _timed(fn: Any, repeats: int) -> list[float]:
-    out = []
+def _timed(fn: Any, repeats: int) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds of every repeat (CPU: this process, every thread)."""
+    wall, cpu = [], []
     for _ in range(repeats):
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        out.append(time.perf_counter() - t0)
-    return out
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return wall, cpu
 
 
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, q: Any) -> None:
@@ -134,7 +138,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, q: Any) 
             set_context_parallel_method(method)
             sharded()  # warm-up (and the decision)
             chosen = {type(d.impl).__name__ for d in _CACHE.values() if d.impl is not None}
-            times = _timed(sharded, args.repeats) if method != "auto" else [0.0]
+            wall, cpu = _timed(sharded, args.repeats) if method != "auto" else ([0.0], [0.0])
             with _Bytes(plat) as b, record_memory() as rec:
                 sharded()
             held = {
@@ -142,7 +146,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, q: Any) 
                 "allgather": world * piece_kv,
                 "ulysses": 2 * whole[1].numel() * whole[1].element_size() // world,
             }.get(method, 0)
-            rows.append((s, method, max_all(times), b.sent, held, ",".join(sorted(chosen))))
+            row = (s, method, max_all(wall), max_all(cpu), b.sent, held)
+            rows.append((*row, ",".join(sorted(chosen))))
         # one process: rank 0, the whole sequence, torch's kernel
         if rank == 0:
             ws = [t.clone().requires_grad_() for t in whole]
@@ -152,16 +157,18 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, q: Any) 
                 out.backward(torch.ones_like(out))
 
             single()
-            t1 = []
+            w1, c1 = [], []
             for _ in range(args.repeats):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 single()
-                t1.append(time.perf_counter() - t0)
-            one = statistics.median(t1)
+                w1.append(time.perf_counter() - t0)
+                c1.append(time.process_time() - c0)
+            one, one_cpu = min(w1), min(c1)
         else:
-            one = 0.0
+            one = one_cpu = 0.0
         dist.barrier()
-        rows.append((s, "one process", max_all([one]), 0, 2 * whole[1].numel() * 4, ""))
+        kv_whole = 2 * whole[1].numel() * whole[1].element_size()
+        rows.append((s, "one process", max_all([one]), max_all([one_cpu]), 0, kv_whole, ""))
     set_context_parallel_method("auto")
     if rank == 0:
         q.put(rows)
@@ -169,8 +176,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, q: Any) 
 
 
 def max_all(times: list[float]) -> float:
-    """The median of ``times``, the largest over the ranks."""
-    t = torch.tensor([statistics.median(times)])
+    """The fastest of ``times``, the largest over the ranks."""
+    t = torch.tensor([min(times)])
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
 
@@ -200,16 +207,16 @@ def main(argv: list[str] | None = None) -> None:
         f"\ncausal attention, batch 1, {args.heads} heads x {args.head_dim}, forward + "
         f"backward, head-tail layout over {args.nproc} ranks\n"
     )
-    print(f"{'seq':>6} {'method':>12} {'time ms':>9} {'ratio':>6} {'sent MB/rank':>13} "
-          f"{'kv held MB':>11}  auto picks")  # fmt: skip
-    one = {s: t for s, m, t, *_ in rows if m == "one process"}
-    for s, method, t, sent, held, chosen in rows:
+    print(f"{'seq':>6} {'method':>12} {'time ms':>9} {'ratio':>6} {'cpu ms/rank':>12} "
+          f"{'ratio':>6} {'sent MB/rank':>13} {'kv held MB':>11}")  # fmt: skip
+    one = {s: (t, c) for s, m, t, c, *_ in rows if m == "one process"}
+    for s, method, t, c, sent, held, chosen in rows:
         if method == "auto":
-            print(f"{'':>6} {'auto':>12} {'':>9} {'':>6} {sent / 2**20:>13.2f} {'':>11}  {chosen}")
+            print(f"{'':>6} {'auto':>12}  picks {chosen}")
             continue
         print(
-            f"{s:>6} {method:>12} {t * 1e3:>9.1f} {t / one[s]:>6.2f} {sent / 2**20:>13.2f} "
-            f"{held / 2**20:>11.2f}"
+            f"{s:>6} {method:>12} {t * 1e3:>9.1f} {t / one[s][0]:>6.2f} {c * 1e3:>12.1f} "
+            f"{c / one[s][1]:>6.2f} {sent / 2**20:>13.2f} {held / 2**20:>11.2f}"
         )
 
 
