@@ -158,6 +158,9 @@ def add_common_args(ap: argparse.ArgumentParser, out_dir: Path) -> None:
     ap.add_argument("--sp", action="store_true", help="sequence parallel on the norms too")
     ap.add_argument("--nproc", type=int, default=2, help="CPU ranks to spawn (default 2)")
     ap.add_argument(
+        "--cp", type=int, default=None, help="context-parallel ranks (sequence sharded; default 1)"
+    )
+    ap.add_argument(
         "--compile",
         nargs="?",
         const="inductor",
@@ -183,6 +186,11 @@ def resolve_layout(args: argparse.Namespace, world: int) -> None:
     Raises:
         SystemExit: sizes that do not multiply to ``world``.
     """
+    cp = getattr(args, "cp", None) or 1
+    if cp < 1 or world % cp:
+        raise SystemExit(f"--cp {cp} does not divide {world} ranks")
+    world //= cp  # dp x tp fill the rest (context parallelism: ranks x cp)
+    args.cp = cp
     dp, tp = getattr(args, "dp", None), getattr(args, "tp", None)
     given = (dp, tp)
     if dp is None and tp is None:
@@ -201,9 +209,12 @@ def resolve_layout(args: argparse.Namespace, world: int) -> None:
 
 def mode_name(args: argparse.Namespace) -> str:
     """``TP``, ``FSDP`` or ``FSDPxTP``, ``EP...`` with ``--ep`` (for the progress bar, the
-    table and the plot)."""
+    table and the plot); ``CP``, ``CPxTP``, ``FSDPxCP``... with context parallelism."""
     if getattr(args, "ep", 1) > 1:
         return "EP" + ("xFSDP" if args.dp > args.ep else "") + ("xTP" if args.tp > 1 else "")
+    if (getattr(args, "cp", None) or 1) > 1:
+        parts = [n for n, k in (("FSDP", args.dp), ("CP", args.cp), ("TP", args.tp)) if k > 1]
+        return "x".join(parts)
     if getattr(args, "dp", 1) == 1:
         return "TP"
     return "FSDP" if args.tp == 1 else "FSDPxTP"
@@ -211,10 +222,14 @@ def mode_name(args: argparse.Namespace) -> str:
 
 def layout_text(args: argparse.Namespace) -> str:
     """``TP over 2 ranks`` / ``FSDP over 2 ranks`` / ``FSDP (dp 2) x TP (tp 2) over 4 ranks``
-    / ``EP 2 over the 4 data-parallel ranks (FSDP) x TP 2``."""
+    / ``EP 2 over the 4 data-parallel ranks (FSDP) x TP 2``
+    / ``FSDP (dp 1) x CP (cp 2) x TP (tp 2) over 4 ranks``."""
     if getattr(args, "ep", 1) > 1:
         tp = f" x TP {args.tp}" if args.tp > 1 else ""
         return f"EP {args.ep} over the {args.dp} data-parallel ranks (FSDP){tp}"
+    if (getattr(args, "cp", None) or 1) > 1:
+        n = args.dp * args.cp * args.tp
+        return f"FSDP (dp {args.dp}) x CP (cp {args.cp}) x TP (tp {args.tp}) over {n} ranks"
     if args.dp == 1:
         return f"TP over {args.tp} ranks"
     if args.tp == 1:
@@ -237,6 +252,11 @@ def validate(args: argparse.Namespace, world: int) -> None:
             raise SystemExit(f"{name} {n} must be divisible by the tensor-parallel size {tp}")
     if args.sp and args.seq % tp:
         raise SystemExit(f"--seq {args.seq} must be divisible by {tp} ranks with --sp")
+    if args.cp > 1 and (args.sp or args.seq % args.cp):
+        raise SystemExit(
+            f"--cp {args.cp}: --seq {args.seq} must be divisible by it, and --sp does not "
+            f"combine with it (the sequence is already sharded)"
+        )
     if args.batch % args.dp:
         raise SystemExit(f"--batch {args.batch} must be divisible by --dp {args.dp}")
     validate_moe(args)
@@ -333,6 +353,7 @@ def write_plot(
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
     dp = f"_dp{args.dp}" if args.dp > 1 else ""
+    dp += f"_cp{args.cp}" if (getattr(args, "cp", None) or 1) > 1 else ""
     path = args.out_dir / f"{stem}{dp}{'_sp' if args.sp else ''}_loss.png"
     start = tp.get("start", 0)
     steps = range(start, start + len(tp["losses"]))

@@ -19,7 +19,11 @@ out as Hugging Face's ``MixtralSparseMoeBlock``: ``mlp.gate`` (the router: softm
 ``hyper_shard.parallel.ExpertParallel`` applies to ``model.layers.*.mlp.experts``.
 
 Attention and the MLP compute with local sizes (``view(b, s, -1, head_dim)``), so under
-tensor parallelism each rank runs its heads on plain local tensors. Weights are drawn
+tensor parallelism each rank runs its heads on plain local tensors. With
+``attn_implementation="sdpa"`` (as Hugging Face's) attention is one call of hyper_shard's
+``scaled_dot_product_attention`` (``is_causal=True``; the same math on plain tensors),
+looked up per call, so ``hyper_shard.experimental.context_parallel`` can run it over a
+sharded sequence; ``position_ids`` then give each token's rotary position. Weights are drawn
 from a numpy generator (normal, std 0.02, as Hugging Face's ``initializer_range``), so
 every process builds the same model. Imports MindSpore: only the worker processes import
 this module.
@@ -53,6 +57,7 @@ class LlamaConfig:
         tie_word_embeddings: bool = False,
         num_experts: int = 0,
         num_experts_per_tok: int = 2,
+        attn_implementation: str = "eager",
     ) -> None:
         self.vocab_size, self.hidden_size = vocab_size, hidden_size
         self.intermediate_size, self.num_hidden_layers = intermediate_size, num_hidden_layers
@@ -64,6 +69,7 @@ class LlamaConfig:
         self.rope_theta, self.tie_word_embeddings = rope_theta, tie_word_embeddings
         self.head_dim = hidden_size // num_attention_heads
         self.num_experts, self.num_experts_per_tok = num_experts, num_experts_per_tok
+        self.attn_implementation = attn_implementation  # "eager" or "sdpa"
 
 
 class RMSNorm(nn.Cell):
@@ -93,6 +99,7 @@ class Attention(nn.Cell):
         self.head_dim = hd
         self.groups = cfg.num_attention_heads // cfg.num_key_value_heads
         self.scale = 1.0 / math.sqrt(hd)
+        self.sdpa = cfg.attn_implementation == "sdpa"
         self.q_proj = mint.nn.Linear(d, cfg.num_attention_heads * hd, bias=False)
         self.k_proj = mint.nn.Linear(d, cfg.num_key_value_heads * hd, bias=False)
         self.v_proj = mint.nn.Linear(d, cfg.num_key_value_heads * hd, bias=False)
@@ -107,6 +114,13 @@ class Attention(nn.Cell):
         v = self.v_proj(hidden_states).view(b, s, -1, self.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
+        if self.sdpa:  # one call, looked up per call (context_parallel patches it)
+            from hyper_shard.platform.mindspore import functional
+
+            out = functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.scale, enable_gqa=self.groups > 1
+            )
+            return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
         if self.groups > 1:  # grouped-query attention: key/value head i // groups
             k = ops.repeat_interleave(k, self.groups, 1)
             v = ops.repeat_interleave(v, self.groups, 1)
@@ -214,7 +228,8 @@ class LlamaModel(nn.Cell):
 
 
 class LlamaForCausalLM(nn.Cell):
-    """``logits = lm_head(model(input_ids))``: ``input_ids (b, s)`` int32 -> ``(b, s, V)``."""
+    """``logits = lm_head(model(input_ids))``: ``input_ids (b, s)`` int32 -> ``(b, s, V)``
+    (``position_ids (1 or b, s)``: each token's position; default ``0 .. s-1``)."""
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
@@ -230,9 +245,14 @@ class LlamaForCausalLM(nn.Cell):
         causal = np.triu(np.full((s, s), -np.inf, np.float32), 1)
         self.mask = Tensor(causal)  # additive: -inf above the diagonal
 
-    def construct(self, input_ids: Any) -> Any:
+    def construct(self, input_ids: Any, position_ids: Any = None) -> Any:
         s = input_ids.shape[1]
-        h = self.model(input_ids, self.cos[:s], self.sin[:s], self.mask[:s, :s])
+        if position_ids is None:
+            h = self.model(input_ids, self.cos[:s], self.sin[:s], self.mask[:s, :s])
+        else:  # (1 or b, s) positions: rotary tables gathered, (.., 1, s, head_dim)
+            cos = ops.gather(self.cos, position_ids, 0).unsqueeze(1)
+            sin = ops.gather(self.sin, position_ids, 0).unsqueeze(1)
+            h = self.model(input_ids, cos, sin, self.mask[:s, :s])  # (sdpa: unused)
         return self.lm_head(h)
 
 

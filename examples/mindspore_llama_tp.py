@@ -36,11 +36,19 @@ on ``mesh["tp"]``, then the FSDP units on ``mesh["dp"]`` (as the torch job).
     python examples/mindspore_llama_tp.py --dp 2 --check       # FSDP on 2 CPU ranks
     python examples/mindspore_llama_tp.py --dp 2 --tp 2 --check  # FSDP x TP on 4 CPU ranks
     python examples/mindspore_llama_tp.py --moe 4 --ep 2 --check  # MoE, EP on 2 CPU ranks
+    python examples/mindspore_llama_tp.py --cp 2 --tp 2 --check  # CP x TP on 4 CPU ranks
 
 ``--moe E`` makes every MLP a mixture of ``E`` experts (``--topk K`` per token; the
 model's ``MoEBlock``, laid out as Hugging Face's Mixtral), and ``--ep N`` shards the
 experts over ``N`` of the data-parallel ranks with the same ``ExpertParallel`` style as
 the torch job (FSDP on the other parameters; examples/moe_common.py has the layout).
+
+``--cp N`` adds context parallelism (``hyper_shard.experimental.context_parallel``) on a
+``("dp", "cp", "tp")`` mesh, as the torch job: the model's attention becomes one call of
+hyper_shard's ``scaled_dot_product_attention`` (``attn_implementation="sdpa"``, in the
+single-process reference too), the token ids, labels and position ids of each step are
+sharded along the sequence over ``mesh["cp"]`` (head-tail load-balanced where ``2 N``
+divides ``--seq``), and FSDP units span ``dp x cp``.
 
 On a cluster launch ``train`` on every rank with ``msrun`` (docs/mindspore.md).
 """
@@ -62,6 +70,7 @@ from llama_common import (  # noqa: E402  (the examples directory first on the p
     llama_config_kwargs,
     llama_tp_plan,
     report,
+    resolve_layout,
     validate,
 )
 from moe_common import moe_defaults, parallelize_moe  # noqa: E402
@@ -101,8 +110,9 @@ def batches(
 def _config(args: argparse.Namespace) -> Any:
     from mindspore_llama_model import LlamaConfig
 
+    attn = "sdpa" if (getattr(args, "cp", None) or 1) > 1 else "eager"
     return LlamaConfig(
-        **llama_config_kwargs(args, VOCAB), tie_word_embeddings=args.tie,
+        **llama_config_kwargs(args, VOCAB), tie_word_embeddings=args.tie, attn_implementation=attn,
         num_experts=getattr(args, "moe", 0), num_experts_per_tok=getattr(args, "topk", 2),
     )  # fmt: skip
 
@@ -119,6 +129,8 @@ def train(rank: int, world: int, args: argparse.Namespace, data: np.ndarray, tp:
     net = build_model(_config(args), args.seed)
     mesh = None
     dp = (getattr(args, "dp", None) or 1) if tp else 1
+    if tp and (getattr(args, "cp", None) or 1) > 1:
+        return _train_cp(rank, world, args, data, net)
     if dp > 1 or (tp and getattr(args, "moe", 0)):
         return _train_fsdp(rank, world, args, data, net)
     if tp:
@@ -229,6 +241,63 @@ def _train_fsdp(
     return {"losses": losses, "times": times}
 
 
+def _train_cp(rank: int, world: int, args: argparse.Namespace, data: np.ndarray, net: Any) -> dict:
+    """Context parallelism over ``--cp`` ranks on a ``("dp", "cp", "tp")`` mesh: the
+    tensor-parallel plan on ``mesh["tp"]``, FSDP units over ``dp x cp``, each step's ids,
+    labels and position ids sharded along the sequence on ``mesh["cp"]``."""
+    from mindspore import Tensor, nn, ops
+    from tqdm import tqdm
+
+    from hyper_shard import DTensor, Replicate, Shard, init_device_mesh
+    from hyper_shard import parallel as hp
+    from hyper_shard.experimental import context_parallel
+    from hyper_shard.fsdp import fully_shard
+    from hyper_shard.platform.mindspore.autograd import optimizer_grads, value_and_grad
+
+    resolve_layout(args, world)
+    dp, cp, tp = args.dp, args.cp, args.tp
+    mesh = init_device_mesh("CPU", (dp, cp, tp), mesh_dim_names=("dp", "cp", "tp"))
+    if tp > 1:
+        hp.parallelize_module(net, mesh["tp"], llama_tp_plan(False, hp, Replicate, Shard))
+    fsdp = mesh["dp", "cp"]._flatten("dp_cp") if dp > 1 else mesh["cp"]
+    for layer in net.model.layers:
+        fully_shard(layer, mesh=fsdp)
+    fully_shard(net, mesh=fsdp)
+    opt = nn.Adam(net.trainable_params(), learning_rate=args.lr, weight_decay=args.weight_decay)
+
+    def loss_fn(x: Any, y: Any, p: Any) -> Any:  # this rank's tokens
+        logits = net(x, p)
+        if tp == 1:
+            return ops.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+        target = DTensor.from_local(y.reshape(-1), mesh["tp"], [Replicate()])
+        with hp.loss_parallel():
+            return ops.cross_entropy(logits.reshape(-1, VOCAB), target)
+
+    grad_fn = value_and_grad(loss_fn, None, opt.parameters)
+    group, plat = fsdp._group(0), fsdp.platform
+    b = args.batch // dp
+    coord = mesh.get_local_rank("dp")
+    pos = np.arange(args.seq, dtype=np.int32)[None]
+    losses, times = [], []
+    bar = tqdm(total=args.steps, desc=f"CP x{cp} ({world} ranks)", unit="step", disable=rank != 0)
+    for x, y in batches(data, args.steps, args.batch, args.seq, args.seed + 1):
+        t0 = time.perf_counter()
+        sl = slice(coord * b, (coord + 1) * b)
+        xs, ys, ps = Tensor(x[sl]), Tensor(y[sl]), Tensor(pos)
+        with context_parallel(mesh["cp"], buffers=[xs, ys, ps], buffer_seq_dims=[1, 1, 1]):
+            loss, grads = grad_fn(xs, ys, ps)
+        opt(optimizer_grads(grads, opt.parameters))
+        local = loss.to_local() if isinstance(loss, DTensor) else loss
+        # the mean over the dp x cp ranks (equal token counts: the batch mean)
+        value = float(plat.all_reduce(local, "avg", group).asnumpy())
+        times.append(time.perf_counter() - t0)
+        losses.append(value)
+        bar.set_postfix(loss=f"{value:.4f}")
+        bar.update()
+    bar.close()
+    return {"losses": losses, "times": times}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -252,9 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     moe_defaults(args)  # --ep N alone: N data-parallel ranks
     if args.dp is not None and args.tp is not None:
-        args.nproc = args.dp * args.tp
+        args.nproc = args.dp * args.tp * (args.cp or 1)
+    elif args.cp and args.cp > 1:  # --cp N [--dp M | --tp M]: the ranks they take
+        args.nproc = args.cp * (args.dp or 1) * (args.tp or 1)
     elif args.dp is not None:
-        args.nproc = args.dp
+        args.nproc = args.dp * (args.cp or 1)
     validate(args, args.nproc)
     from hyper_shard.platform.mindspore.launch import spawn
 

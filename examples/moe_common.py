@@ -57,8 +57,8 @@ def validate_moe(args: argparse.Namespace) -> None:
 
     Raises:
         SystemExit: ``--ep``/``--topk`` without ``--moe``, ``E`` not divisible by ``--ep``,
-            ``--dp`` not a multiple of ``--ep``, ``K`` outside ``1..E``, ``--sp`` with
-            ``--moe``.
+            ``--dp`` not a multiple of ``--ep``, ``K`` outside ``1..E``, ``--sp`` or
+            ``--cp`` with ``--moe``.
     """
     moe, ep, k = getattr(args, "moe", 0), getattr(args, "ep", 1), getattr(args, "topk", 2)
     if not moe:
@@ -76,6 +76,11 @@ def validate_moe(args: argparse.Namespace) -> None:
     if args.sp:
         raise SystemExit(
             "--sp is not available with --moe (the MoE block is not sequence parallel)"
+        )
+    if (getattr(args, "cp", None) or 1) > 1:
+        raise SystemExit(
+            "--cp is not available with --moe (the MoE layout spans the data-parallel ranks "
+            "only; run context parallelism on a dense model)"
         )
 
 

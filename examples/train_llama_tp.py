@@ -21,6 +21,15 @@ FSDP unit on ``mesh["dp"]``, the tensor-parallel plan runs on ``mesh["tp"]``, ev
 trains on its slice of each batch, and parameters, gradients and AdamW state are sharded
 over dp too (2-D DTensors on the whole mesh).
 
+``--cp N`` adds context parallelism (``hyper_shard.experimental.context_parallel``, the
+PyTorch API) on a ``("dp", "cp", "tp")`` mesh: each step's token ids, labels and position
+ids are sharded along the sequence over ``mesh["cp"]`` (head-tail load-balanced where
+``2 N`` divides ``--seq``), and the model's ``scaled_dot_product_attention`` runs as
+context-parallel attention over the whole sequence (ring, all-to-all or all-gather, as
+hyper_shard's cost model picks); FSDP units then span ``dp x cp`` (the mean over both).
+Hugging Face reads position ids with a jump (the head-tail pieces) as packed sequences
+and would build a mask; an all-ones ``attention_mask`` tells it there is no packing.
+
 ``--save DIR`` writes the model, the AdamW state and the step count with
 ``hyper_shard.checkpoint`` after the last step; ``--resume DIR`` loads them into this run's
 layout (any number of ranks) and trains the remaining steps up to ``--steps``: its losses
@@ -31,6 +40,7 @@ are compared with the single-process run's at the same steps.
     python examples/train_llama_tp.py --dp 2 --tp 1   # FSDP alone on 2 ranks
     python examples/train_llama_tp.py --check         # fail if a loss differs by > 1e-4 (rel)
     python examples/train_llama_tp.py --sp --steps 50 # sequence parallel too
+    python examples/train_llama_tp.py --cp 2 --tp 2 --check  # CP x TP on 4 CPU ranks
     python examples/train_llama_tp.py --steps 100 --save ckpt              # checkpoint at the end
     python examples/train_llama_tp.py --steps 200 --resume ckpt --nproc 4  # go on, on 4 ranks
     torchrun --nproc-per-node 2 examples/train_llama_tp.py   # NCCL on GPUs, HCCL on Ascend
@@ -137,18 +147,24 @@ def parallelize(args: argparse.Namespace, model: torch.nn.Module, device: torch.
 
     if getattr(args, "moe", 0):  # experts, FSDP and TP: examples/moe_common.py
         return parallelize_moe(args, model, device.type)
-    if args.dp == 1:
+    if args.cp > 1:  # ("dp", "cp", "tp"); FSDP over dp x cp (each rank a share of the tokens)
+        dims = (args.dp, args.cp, args.tp)
+        mesh = init_device_mesh(device.type, dims, mesh_dim_names=("dp", "cp", "tp"))
+        fsdp = mesh["dp", "cp"]._flatten("dp_cp") if args.dp > 1 else mesh["cp"]
+    elif args.dp == 1:
         mesh = init_device_mesh(device.type, (args.tp,), mesh_dim_names=("tp",))
     else:
         mesh = init_device_mesh(device.type, (args.dp, args.tp), mesh_dim_names=("dp", "tp"))
+    if args.cp == 1 and args.dp > 1:
+        fsdp = mesh["dp"]
     if args.tp > 1:
         hp.parallelize_module(model, mesh["tp"], llama_tp_plan(args.sp, hp, Replicate, Shard))
-    if args.dp > 1:
+    if args.dp * args.cp > 1:
         from hyper_shard.fsdp import fully_shard
 
         for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh["dp"])
-        fully_shard(model, mesh=mesh["dp"])
+            fully_shard(layer, mesh=fsdp)
+        fully_shard(model, mesh=fsdp)
     return mesh
 
 
@@ -170,9 +186,6 @@ def train_tp(args: argparse.Namespace, data: torch.Tensor, device: torch.device)
     returns the losses (the mean over the data-parallel ranks)."""
     from tqdm import tqdm
 
-    from hyper_shard import DTensor, Replicate
-    from hyper_shard import parallel as hp
-
     rank, world = dist.get_rank(), dist.get_world_size()
     resolve_layout(args, world)
     model = build_model(args).to(device)
@@ -180,6 +193,8 @@ def train_tp(args: argparse.Namespace, data: torch.Tensor, device: torch.device)
     fwd = compiled(args, model)
     dp_rank = mesh["dp"].get_local_rank() if args.dp > 1 else 0
     dp_group = mesh["dp"].get_group() if args.dp > 1 else None
+    if args.cp > 1:  # the loss mean over every rank holding other tokens
+        dp_group = (mesh["dp_cp"] if args.dp > 1 else mesh["cp"]).get_group()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     start = resume(args, model, opt)
     pos = torch.arange(args.seq, device=device)[None]  # global positions (needed under --sp)
@@ -192,23 +207,16 @@ def train_tp(args: argparse.Namespace, data: torch.Tensor, device: torch.device)
         x, y = x.chunk(args.dp)[dp_rank].to(device), y.chunk(args.dp)[dp_rank].to(device)
         sync(device)
         t0 = time.perf_counter()
-        logits = fwd(input_ids=x, position_ids=pos).logits  # DTensor [b, s, V], Shard(-1)
-        if args.tp > 1:
-            target = DTensor.from_local(y.flatten(), mesh["tp"], [Replicate()])
-            with hp.loss_parallel():
-                loss = F.cross_entropy(logits.flatten(0, 1), target)
-                loss.backward()
-            local = loss.detach().full_tensor()
+        if args.cp > 1:
+            local = cp_step(args, mesh, fwd, x, y, pos)
         else:
-            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
-            loss.backward()
-            local = loss.detach()
+            local = tp_step(args, mesh, fwd, x, y, pos)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if dp_group is not None:  # the mean over the dp ranks (equal slices: the batch mean)
+        if dp_group is not None:  # the mean over the dp (x cp) ranks: equal token counts
             local = local.clone()
             dist.all_reduce(local, group=dp_group)
-            local /= args.dp
+            local /= args.dp * args.cp
         value = local.item()
         sync(device)
         times.append(time.perf_counter() - t0)
@@ -218,6 +226,47 @@ def train_tp(args: argparse.Namespace, data: torch.Tensor, device: torch.device)
     bar.close()
     save(args, model, opt)
     return {"losses": losses, "times": times, "start": start}
+
+
+def tp_step(
+    args: argparse.Namespace,
+    mesh: Any,
+    fwd: Any,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    pos: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Forward and backward of one batch (with ``--tp``: ``loss_parallel`` on the
+    class-sharded logits); returns this rank's loss."""
+    from hyper_shard import DTensor, Replicate
+    from hyper_shard import parallel as hp
+
+    logits = fwd(input_ids=x, position_ids=pos, attention_mask=mask).logits  # [b, s, V]
+    if args.tp > 1:  # logits: a DTensor, Shard(-1)
+        target = DTensor.from_local(y.flatten(), mesh["tp"], [Replicate()])
+        with hp.loss_parallel():
+            loss = F.cross_entropy(logits.flatten(0, 1), target)
+            loss.backward()
+        return loss.detach().full_tensor()
+    loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+    loss.backward()
+    return loss.detach()
+
+
+def cp_step(
+    args: argparse.Namespace, mesh: Any, fwd: Any, x: torch.Tensor, y: torch.Tensor, pos: Any
+) -> torch.Tensor:
+    """Forward and backward of one batch with context parallelism: ids, labels and
+    position ids sharded along the sequence on ``mesh["cp"]`` (the model's attention runs
+    context-parallel inside the block); returns this rank's loss (the mean over its
+    tokens)."""
+    from hyper_shard.experimental import context_parallel
+
+    x, y, p = x.clone(), y.clone(), pos.clone()  # the buffers are resized in place
+    with context_parallel(mesh["cp"], buffers=[x, y, p], buffer_seq_dims=[1, 1, 1]):
+        # an all-ones mask: position ids with a jump are not packed sequences
+        return tp_step(args, mesh, fwd, x, y, p, torch.ones_like(x))
 
 
 def resume(args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
@@ -374,9 +423,13 @@ def main(argv: list[str] | None = None) -> None:
         dist.init_process_group(backend)
         sys.exit(run(args, device))
     if args.dp is not None and args.tp is not None:
-        args.nproc = args.dp * args.tp
+        args.nproc = args.dp * args.tp * (args.cp or 1)
+    elif args.cp and args.cp > 1:  # --cp N [--dp M | --tp M]: the ranks they take
+        args.nproc = args.cp * (args.dp or 1) * (args.tp or 1)
     elif args.dp is not None and args.ep > 1:
         args.nproc = args.dp
+    if args.cp and args.cp > 1 and args.compile:
+        raise SystemExit("--cp runs eagerly: context_parallel patches attention, not traced")
     validate(args, args.nproc)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -19,6 +19,10 @@ from .placement import Placement
 __all__ = [
     "context_parallel",
     "context_parallel_unshard",
+    "set_rotate_method",
+    "set_context_parallel_method",
+    "get_context_parallel_method",
+    "set_load_balance",
     "implicit_replication",
     "local_map",
     "LocalMapError",
@@ -339,36 +343,52 @@ def context_parallel(
     no_restore_buffers: set[Any] | None = None,
 ) -> Iterator[None]:
     """Context parallelism, as PyTorch's ``torch.distributed.tensor.experimental.
-    context_parallel`` (same signature; torch).
+    context_parallel`` (same signature and semantics; torch and MindSpore).
 
     Inside the block, each of ``buffers`` (plain tensors: input ids, labels, position
-    ids... never parameters) holds, in place, this rank's ``torch.chunk`` piece of its
-    sequence dim ``buffer_seq_dims[i]`` (its shape changes), and
-    ``torch.nn.functional.scaled_dot_product_attention`` called on plain local
-    ``(*batch, heads, seq_piece, E)`` tensors attends over the whole sequence: key and
-    value are all-gathered along the sequence (backward: reduce-scatter), the query stays
-    local, ``is_causal=True`` is shifted by the piece's global offset; it returns the local
-    output piece. On exit every buffer gets its original values back, except those in
-    ``no_restore_buffers``; the function is restored.
+    ids... never parameters) holds, in place, this rank's piece of its sequence dim
+    ``buffer_seq_dims[i]`` (its shape changes) in the context's *sequence layout*: by
+    default head-tail load-balanced when the sequence splits into ``2 n`` equal chunks
+    (rank ``r`` holds chunks ``r`` and ``2 n - 1 - r``, so causal attention costs every
+    rank the same, as PyTorch's default load balancer), else contiguous ``torch.chunk``
+    pieces (:func:`set_load_balance` changes that). Every buffer gets the same layout, so
+    per-token losses over the pieces of ids, labels and position ids sum to the whole
+    sequence's.
 
-    Differences from PyTorch: the pieces are contiguous ``torch.chunk`` pieces (PyTorch
-    reorders a causal sequence head-tail to balance the work; the results are the same,
-    the per-rank cost of causal attention is not balanced); key/value are all-gathered
-    (PyTorch's default rotation is also an all-gather); an explicit ``attn_mask`` raises
-    ``NotImplementedError``. Model code must look the function up at call time
-    (``F.scaled_dot_product_attention(...)``), as with PyTorch's patch.
+    Scaled dot-product attention called on plain local ``(*batch, heads, seq_piece, E)``
+    pieces inside the block (torch: ``torch.nn.functional.scaled_dot_product_attention``;
+    MindSpore: ``hyper_shard.platform.mindspore.functional.scaled_dot_product_attention``)
+    attends over the whole sequence and returns the local output piece: ring attention
+    (key/value pieces passed round the ranks, merged by log-sum-exp, memory O(seq / n)),
+    all-to-all (Ulysses) attention (heads split over the ranks), or key/value all-gathered,
+    as the attention rule's cost model picks (:mod:`hyper_shard.rules.attention_cp`) or
+    :func:`set_rotate_method` / :func:`set_context_parallel_method` fix; ``is_causal``
+    follows the layout; gradients flow to every piece. On exit every buffer gets its
+    original values back, except those in ``no_restore_buffers``; the function is
+    restored. :func:`context_parallel_unshard` turns pieces back into whole tensors.
+
+    Differences from PyTorch: a non-causal attention in the load-balanced layout is
+    computed (PyTorch raises "Load balancing requires `is_causal=True`"); a length the
+    forced head-tail layout cannot split is an error (PyTorch silently falls back to
+    contiguous pieces); the default method is the cost model's (PyTorch's: all-gather);
+    an explicit ``attn_mask`` raises ``NotImplementedError`` (as PyTorch's SDPA path).
+    Model code must look the function up at call time (``F.scaled_dot_product_attention
+    (...)``), as with PyTorch's patch.
 
     Args:
-        mesh: a 1-D DeviceMesh (hyper_shard's or torch's) over the context-parallel ranks.
+        mesh: a 1-D DeviceMesh (hyper_shard's or torch's) over the context-parallel ranks
+            (``mesh["cp"]`` of a larger mesh).
         buffers: the tensors to shard along their sequence dims.
         buffer_seq_dims: one sequence dim per buffer.
         no_restore_buffers: buffers (a subset of ``buffers``) left as pieces on exit.
 
     Raises:
         ValueError: ``buffers`` and ``buffer_seq_dims`` of different lengths,
-            ``no_restore_buffers`` not a subset of ``buffers``, a Parameter buffer, or a
-            mesh that is not 1-D (PyTorch's messages where it has them).
-        NotImplementedError: a MindSpore mesh.
+            ``no_restore_buffers`` not a subset of ``buffers``, a Parameter buffer, a mesh
+            that is not 1-D (PyTorch's messages where it has them), or load balancing
+            forced on with a sequence length that is not a multiple of ``2 n`` (on every
+            rank, before anything communicates).
+        NotImplementedError: a platform that declares no ``context_parallel``.
     """
     from .mesh import as_mesh
     from .registry.platforms import platform_bindings
@@ -379,7 +399,7 @@ def context_parallel(
         raise NotImplementedError(
             f"context_parallel is not available for {m.platform.name} meshes (its platform "
             f"declares none); shard the sequence with DTensors (distribute_tensor(x, mesh, "
-            f"[Shard(seq_dim)])): their attention rule runs the same sequence-parallel "
+            f"[Shard(seq_dim)])): their attention rule runs the same context-parallel "
             f"attention"
         )
     with impl(
@@ -395,18 +415,94 @@ def context_parallel_unshard(
     ``torch.distributed.tensor.experimental._attention.context_parallel_unshard`` (same
     signature): each of ``buffers`` (this rank's piece: an output of attention inside the
     context, a buffer left sharded by ``no_restore_buffers``, a piece's gradient) is
-    all-gathered along ``seq_dims[i]`` in mesh-coordinate order; every rank gets the whole
-    tensors. The pieces are ``torch.chunk``'s (uneven lengths allowed); a plain tensor is
-    returned for each buffer, on every framework.
+    all-gathered along ``seq_dims[i]`` in mesh-coordinate order and put back in natural
+    order when the layout is head-tail (the layout :func:`context_parallel` gives a
+    sequence of that length under the current :func:`set_load_balance`, as PyTorch reads
+    its load balancer); every rank gets the whole tensors, plain tensors on every
+    framework. Contiguous pieces may be uneven (``torch.chunk`` sizes).
 
     Raises:
-        ValueError: ``buffers`` and ``seq_dims`` of different lengths (PyTorch's message).
+        ValueError: ``buffers`` and ``seq_dims`` of different lengths (PyTorch's message);
+            load balancing forced on and a length the head-tail layout cannot split.
     """
     from .dtensor import DTensor
+    from .kernels.attention_layout import cp_options, natural_order
     from .mesh import as_mesh
     from .placement import Shard
 
     if len(buffers) != len(seq_dims):
         raise ValueError("`seq_dims` must have the same number of elements as `buffers`.")
     m = as_mesh(mesh, "context_parallel_unshard")
-    return [DTensor.from_local(b, m, [Shard(d)]).full_tensor() for b, d in zip(buffers, seq_dims)]
+    n = m.size()
+    out = []
+    for b, d in zip(buffers, seq_dims):
+        full = DTensor.from_local(b, m, [Shard(d)]).full_tensor()
+        layout = cp_options().layout_for(int(full.shape[d]), n)
+        out.append(natural_order(m.platform, full, d % len(full.shape), layout, n))
+    return out
+
+
+def set_rotate_method(rotate_method: str) -> None:
+    """How context-parallel attention moves key/value pieces, as PyTorch's
+    ``torch.distributed.tensor.experimental.set_rotate_method``: ``"allgather"`` gathers
+    them (one all-gather of key and value, backward a reduce-scatter), ``"alltoall"``
+    passes them round the ranks (ring attention by point-to-point shifts: PyTorch names it
+    after the all-to-all it permutes with). Fixes the method for every later attention
+    call (clears the layout cache); :func:`set_context_parallel_method` also chooses the
+    all-to-all (Ulysses) form or the cost model.
+
+    Raises:
+        NotImplementedError: another string (PyTorch's message).
+    """
+    methods = {"allgather": "allgather", "alltoall": "ring"}
+    if rotate_method not in methods:
+        raise NotImplementedError(
+            f"Context Parallel does not support using {rotate_method} for kv shards rotation"
+        )
+    set_context_parallel_method(methods[rotate_method])
+
+
+def set_context_parallel_method(method: str) -> None:
+    """Which context-parallel attention sequence-sharded query/key/value run:
+    ``"auto"`` (the default: the attention rule's cost model picks, per call signature),
+    ``"ring"`` (ring attention), ``"ulysses"`` (all-to-all to heads-sharded; the heads must
+    split over the ranks, else the attention call raises) or ``"allgather"`` (key and
+    value all-gathered). A method that does not apply to a call (a mask, dropout, a causal
+    query and key of different lengths) falls back to ``"allgather"``. Process-wide;
+    clears the layout cache so cached decisions are made again.
+
+    Raises:
+        ValueError: an unknown method.
+    """
+    from .dispatch.dispatcher import clear_cache
+    from .kernels.attention_layout import METHODS, cp_options
+
+    if method not in METHODS:
+        raise ValueError(
+            f"set_context_parallel_method({method!r}): use one of {', '.join(METHODS)}"
+        )
+    cp_options().method = method
+    clear_cache()
+
+
+def get_context_parallel_method() -> str:
+    """The method :func:`set_context_parallel_method` set (``"auto"`` by default)."""
+    from .kernels.attention_layout import cp_options
+
+    return cp_options().method
+
+
+def set_load_balance(enabled: bool | None) -> None:
+    """Whether :func:`context_parallel` lays sequences out head-tail (load-balanced):
+    None (the default, as PyTorch) where ``2 n`` divides the length, else contiguous
+    pieces; True always (a length it cannot split is an error); False never. Process-wide
+    (also read by :func:`context_parallel_unshard`).
+
+    Raises:
+        TypeError: not a bool or None.
+    """
+    from .kernels.attention_layout import cp_options
+
+    if enabled is not None and not isinstance(enabled, bool):
+        raise TypeError(f"set_load_balance({enabled!r}): pass True, False or None")
+    cp_options().load_balance = enabled

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up .venv (fresh machine) and run the main job: a Hugging Face Llama trained with tensor
-# parallelism over 2 CPU processes (examples/train_llama_tp.py). Extra args go to the script.
+# parallelism over 2 CPU processes (examples/train_llama_tp.py). Extra args go to the script,
+# e.g. --cp 2 --tp 2 --check (context x tensor parallelism on 4 ranks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

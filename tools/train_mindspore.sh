@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up .venv (fresh machine) and run the MindSpore main job: a Llama decoder built from
 # mint.nn Cells trained with tensor parallelism over 2 CPU processes (mccl), next to the same
-# model in one process (examples/mindspore_llama_tp.py). Extra args go to the script.
+# model in one process (examples/mindspore_llama_tp.py). Extra args go to the script,
+# e.g. --cp 2 --check (context parallelism).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

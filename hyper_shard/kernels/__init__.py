@@ -3,8 +3,9 @@
 The rules (``hyper_shard/rules/attention.py``, ``loss.py``, ``random.py``,
 ``reduction.py``) decide layouts; when a decision needs more than the plain local op (a
 causal mask shifted to a query shard's offset, a vocab-parallel cross-entropy, a dropout
-mask cut from the single-device draw, a mean over a sharded dim), they install one of
-these kernels as the decision's ``Layout.impl``. A kernel is called like the op it
+mask cut from the single-device draw, a mean over a sharded dim, ring or all-to-all
+attention on a sharded sequence), they install one of these kernels as the decision's
+``Layout.impl``. A kernel is called like the op it
 replaces, with the (redistributed) local arguments, inside the platform's local-run
 context (torch: torch-function handling disabled; MindSpore: ``NoFallbackGuard``), so the
 framework's autograd records local ops only. It reads its arguments through the call's

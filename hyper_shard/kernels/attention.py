@@ -5,6 +5,10 @@
   ``tril`` of an ``(L, S)`` matrix of ones (torch's convention); the local query rows start
   at global row ``o``, so the local mask is ``key index <= o + local row``, passed to the
   attention function as an explicit boolean ``attn_mask`` (built once per shape and kept).
+* in the load-balanced (head-tail) sequence layout of context parallelism
+  (:mod:`hyper_shard.kernels.attention_layout`), the query rows are this rank's two runs
+  of positions and the gathered keys are in the laid-out order: the mask is ``key
+  position <= query position`` over those positions;
 * ``dropout_p > 0`` on a sharded layout: the attention weights' dropout mask is this
   rank's box of the single-device draw (:class:`hyper_shard.random.OffsetRNGTracker`), and
   attention runs as the math backend does (scores, mask, softmax, dropout, ``@ v``), which
@@ -23,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..dispatch.op import Binder
 from ..random import get_rng_tracker
 from . import numel
+from .attention_layout import current_layout, positions
 
 if TYPE_CHECKING:
     from ..platform.base import LocalOps, Runtime
@@ -101,9 +106,14 @@ class ShardedSDPA:
             sequence dim is not sharded).
         attn_shape: the global shape of the attention weights ``(*batch, heads, L, S)``.
         attn_box: ``(offset, local shape)`` of this rank's attention weights.
+        seq_shard: ``(n, coord, q_len, kv_len)`` when one mesh dim of ``n`` ranks shards
+            the query's sequence (its coordinate, the global query and key lengths): the
+            sequence layout applies (None: the plain offset).
     """
 
-    __slots__ = ("func", "binder", "plat", "query_offset", "attn_shape", "attn_box", "_masks")
+    __slots__ = (
+        "func", "binder", "plat", "query_offset", "attn_shape", "attn_box", "seq_shard", "_masks",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -113,6 +123,7 @@ class ShardedSDPA:
         query_offset: int | None,
         attn_shape: Sequence[int],
         attn_box: tuple[Sequence[int], Sequence[int]],
+        seq_shard: tuple[int, int, int, int] | None = None,
     ) -> None:
         self.func = func
         self.binder = binder
@@ -120,6 +131,7 @@ class ShardedSDPA:
         self.query_offset = query_offset
         self.attn_shape = tuple(attn_shape)
         self.attn_box = (tuple(attn_box[0]), tuple(attn_box[1]))
+        self.seq_shard = seq_shard
         self._masks: dict[tuple, Any] = {}
 
     def __repr__(self) -> str:
@@ -131,13 +143,31 @@ class ShardedSDPA:
     def causal_mask(self, n_rows: int, n_cols: int, like: Any) -> Any:
         """Boolean ``(n_rows, n_cols)``: True where local query row ``i`` (global
         ``query_offset + i``) may attend to key ``j``."""
-        key = (n_rows, n_cols, str(getattr(like, "device", "")))
+        cur = current_layout()
+        layout = cur if cur.balanced and self.seq_shard is not None else None
+        key = (n_rows, n_cols, str(getattr(like, "device", "")), layout)
         m = self._masks.get(key)
         if m is None:
-            m = self._masks[key] = causal_mask(
-                self.plat, self.query_offset or 0, n_rows, n_cols, like
-            )
+            if layout is None:
+                m = causal_mask(self.plat, self.query_offset or 0, n_rows, n_cols, like)
+            else:
+                m = self._layout_mask(layout, like)
+            self._masks[key] = m
         return m
+
+    def _layout_mask(self, layout: Any, like: Any) -> Any:
+        """``key position <= query position`` for this rank's query runs and the keys in
+        the laid-out order."""
+        assert self.seq_shard is not None
+        plat = self.plat
+        n, coord, q_len, kv_len = self.seq_shard
+        layout.check(q_len, n, "query")
+        layout.check(kv_len, n, "key/value")
+        qp = positions(plat, layout.segments(q_len, n, coord), like)
+        kp = positions(
+            plat, tuple(s for c in range(n) for s in layout.segments(kv_len, n, c)), like
+        )
+        return plat.unsqueeze(kp, 0) <= plat.unsqueeze(qp, -1)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         b = self.binder

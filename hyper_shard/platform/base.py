@@ -111,6 +111,9 @@ class Comm(Protocol):
     #: whether the flat collectives (``*_into(..., async_op=True)``) can run asynchronously
     #: and return a handle whose ``wait()`` completes them (FSDP prefetches with them)
     async_collectives: bool = False
+    #: whether :meth:`send_recv_start` returns before the exchange completes, so local
+    #: compute overlaps it (ring attention's cost model credits the overlap)
+    async_point_to_point: bool = False
     #: the exceptions the backend raises for a failed collective (timeout, lost peer):
     #: turned into CollectiveError by :func:`hyper_shard.flight.collective`
     comm_errors: tuple[type[BaseException], ...] = ()
@@ -194,6 +197,15 @@ class Comm(Protocol):
         ``like`` from coordinate ``src``; returns it."""
         unimplemented(self, "send_recv")
 
+    def send_recv_start(
+        self, t: Any, dst: int, like: Any, src: int, group: Any, tag: int = 0
+    ) -> Any:
+        """Native only: start :meth:`send_recv` (``tag`` tells concurrent exchanges between
+        the same ranks apart); returns a handle whose ``wait()`` gives the received tensor.
+        Default: the synchronous exchange, already complete. Callers use
+        :func:`hyper_shard.platform.compose.shift_start`."""
+        return compose.Done(self.send_recv(t, dst, like, src, group))
+
     def broadcast(self, t: Any, src_group_rank: int, group: Any) -> Any:
         unimplemented(self, "broadcast")
 
@@ -216,6 +228,14 @@ class Autograd(Protocol):
     def custom_autograd(self, fwd: Callable[[Any], Any], bwd: Callable[[Any], Any], x: Any) -> Any:
         """``fwd(x)`` recorded as one autograd node whose backward is ``bwd(grad)``."""
         unimplemented(self, "custom_autograd")
+
+    def custom_autograd_n(
+        self, fwd: Callable[..., Any], bwd: Callable[[Any], Sequence[Any]], inputs: Sequence[Any]
+    ) -> Any:
+        """``fwd(*inputs)`` (one tensor) recorded as one autograd node over several inputs,
+        whose backward is ``bwd(grad)``: one gradient per input (None for an input that
+        gets none). ``fwd`` runs outside autograd."""
+        unimplemented(self, "custom_autograd_n")
 
     def alias_autograd(self, bwd: Callable[[Any], Any], x: Any) -> Any:
         """An alias of ``x`` (same data, no copy) recorded as one autograd node whose

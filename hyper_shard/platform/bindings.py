@@ -68,5 +68,6 @@ MINDSPORE = PlatformBindings(
     generator=f"{_M}.features:GENERATOR",
     rng_state=False,
     checkpoint=f"{_M}.checkpoint",
+    context_parallel=f"{_M}.context_parallel:context_parallel",
     dtype=f"{_M}.features:dtype_named",
 )

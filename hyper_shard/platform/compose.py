@@ -11,6 +11,9 @@ the native collective where it exists and otherwise the cheapest composition:
 * the all-to-all of rows in pieces of any sizes (:func:`all_to_all_v`, expert
   parallelism's token exchange) = the even all-to-all of pieces padded to the largest,
   ``n - 1`` send/recv rounds of the rows, or an all-gather of the padded pieces + a pick.
+* a ring shift (every rank sends to the next coordinate and receives from the previous
+  one: ring attention's key/value rotation) = one paired send/recv, started and waited
+  on later where the platform is asynchronous, or all-gather + a pick.
 
 Which composition runs is the step table's (:mod:`hyper_shard.redistribute.steps`: the
 routes in order of preference, each priced as what it runs): the executor passes the route
@@ -38,6 +41,9 @@ __all__ = [
     "all_to_all_v",
     "reduce_scatter_flat",
     "all_gather_flat",
+    "Done",
+    "shift_route",
+    "shift_start",
 ]
 
 
@@ -251,3 +257,46 @@ def all_gather_flat(plat: FlatBuffers, out: Any, inp: Any, group: Any) -> None:
     n = plat.shape(out)[0] // k if k else len(getattr(group, "ranks", (0,)))
     for c, p in enumerate(plat.all_gather(inp, group, n)):
         plat.copy_flat(plat.narrow(out, 0, c * k, k), p)
+
+
+class Done:
+    """A completed exchange: ``wait()`` gives its result (the handle of a synchronous
+    :meth:`~hyper_shard.platform.base.Comm.send_recv_start`)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def wait(self) -> Any:
+        return self.value
+
+
+def shift_route(plat: Comm) -> str:
+    """How a ring shift runs on ``plat``: ``"send_recv"`` (one paired exchange, native
+    point-to-point) or ``"all_gather"`` (every rank's tensor gathered, the previous one
+    picked: ``n - 1`` times the bytes)."""
+    return "send_recv" if plat.has("send_recv") else "all_gather"
+
+
+def shift_start(
+    plat: CommOps, t: Any, group: Any, coord: int, n: int, tag: int = 0, route: str | None = None
+) -> Any:
+    """Start a ring shift: send ``t`` to mesh coordinate ``coord + 1`` (mod ``n``) and
+    receive the tensor coordinate ``coord - 1`` sends (shaped like ``t`` on every rank).
+    Returns a handle whose ``wait()`` gives the received tensor; the exchange overlaps the
+    caller's work until then where the platform is asynchronous
+    (:attr:`~hyper_shard.platform.base.Comm.async_point_to_point`). ``tag`` tells two
+    concurrent shifts over the same group apart (every rank starts them in the same
+    order).
+
+    Args:
+        route: ``"send_recv"`` or ``"all_gather"`` (None: :func:`shift_route`).
+    """
+    if n == 1:
+        return Done(t)
+    if route is None:
+        route = shift_route(plat)
+    if route == "all_gather":
+        return Done(plat.all_gather(t, group, n)[(coord - 1) % n])
+    return plat.send_recv_start(t, (coord + 1) % n, t, (coord - 1) % n, group, tag)

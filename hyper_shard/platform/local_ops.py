@@ -138,6 +138,24 @@ class LocalOps(Protocol):
     def isfinite(self, t: Any) -> Any:
         unimplemented(self, "isfinite")
 
+    def attention_lse(
+        self, q: Any, k: Any, v: Any, causal: bool, scale: float
+    ) -> tuple[Any, Any] | None:
+        """A fused local attention returning ``(out, lse)`` — ``softmax(q k^T * scale) v``
+        (``causal``: torch's top-left mask) and its log-sum-exp over the keys
+        ``(..., L)`` — for ``q (..., H, L, E)``, ``k (..., H, S, E)``, ``v (..., H, S,
+        Ev)``; or None where the platform has none (the kernels compose the math,
+        :mod:`hyper_shard.kernels.attention_block`). Default: None."""
+        return None
+
+    def attention_lse_backward(
+        self, dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, causal: bool, scale: float
+    ) -> tuple[Any, Any, Any] | None:
+        """``(dq, dk, dv)`` of :meth:`attention_lse` from the given ``out`` and ``lse``
+        (which may be those of a larger attention the block is part of), or None
+        (compose). Default: None."""
+        return None
+
     def repeat_interleave(self, t: Any, repeats: int, dim: int) -> Any:
         unimplemented(self, "repeat_interleave")
 

@@ -21,8 +21,15 @@ the output is ``(*batch, Hq, L, Ev)``. Per mesh dim the rule allows:
 * **Partial value** (attention is linear in ``value``): ``Partial(sum|avg)`` value with
   Replicate query/key gives a ``Partial`` output.
 
-Anything else (key/value sharded on the sequence, a sharded feature dim ``E``, Partial
-query or key) is gathered first. ``dropout_p > 0`` on a sharded layout draws the dropout
+* **context parallelism** (query, key and value all sharded along the sequence on one
+  mesh dim, no mask, no dropout): ring attention or all-to-all (Ulysses) attention keep
+  the key/value sharded; the cost model, or the user's ``set_rotate_method`` /
+  ``set_context_parallel_method``, picks between them and gathering key and value
+  (:mod:`hyper_shard.rules.attention_cp`). Causal masks follow the sequence layout
+  (plain, or head-tail load-balanced under ``context_parallel``).
+
+Anything else (key/value sharded on the sequence with a mask or dropout, a sharded
+feature dim ``E``, Partial query or key) is gathered first. ``dropout_p > 0`` on a sharded layout draws the dropout
 mask of the attention weights through :mod:`hyper_shard.random` (each rank's box of the
 single-device draw), so the result equals the single-device math (torch's CPU kernel) for
 the same seed.
@@ -31,7 +38,9 @@ a ``Partial(sum)`` gradient).
 
 The local computation is :class:`hyper_shard.kernels.attention.ShardedSDPA` (framework
 neutral: it calls the platform's attention function with the shifted mask, or composes
-the math path for dropout).
+the math path for dropout), or one of the context-parallel kernels
+(:class:`~hyper_shard.kernels.ring_attention.RingAttention`,
+:class:`~hyper_shard.kernels.attention_alltoall.AllToAllAttention`).
 
 Semantics follow ``torch.nn.functional.scaled_dot_product_attention``.
 """
@@ -48,6 +57,7 @@ from ..placement import Partial, Placement, Replicate, Shard, normalize_placemen
 from ..spec import compute_local_shape_and_offset
 from . import register_rule
 from ._util import LINEAR_OPS, R
+from .attention_cp import context_parallel_layout
 
 __all__ = ["AttentionOp"]
 
@@ -185,6 +195,16 @@ class AttentionOp(DistributedOp):
                     return False
         return True
 
+    # -- decision ----------------------------------------------------------------------
+    def infer_layout(self, call: OpCall) -> Layout:
+        """The cheapest strategy (:meth:`single_dim_strategies`), or, for query, key and
+        value sharded along the sequence on one mesh dim, the context-parallel method the
+        cost model or the user picks (:func:`~hyper_shard.rules.attention_cp.
+        context_parallel_layout`)."""
+        layout = super().infer_layout(call)
+        cp = context_parallel_layout(self, call, self._index(call), layout)
+        return layout if cp is None else cp
+
     # -- local kernel ------------------------------------------------------------------
     def expand_impl(self, call: OpCall, layout: Layout) -> Layout:
         out_pl = layout.outputs[0]
@@ -201,8 +221,14 @@ class AttentionOp(DistributedOp):
         qt = layout.inputs[idx["query"]]
         qp = normalize_placements(qt if qt is not None else q.placements, mesh.ndim, q.ndim)
         q_off: int | None = None
-        if any(type(p) is Shard and p.dim == q.ndim - 2 for p in qp):
+        seq_shard: tuple[int, int, int, int] | None = None
+        seq_dims = [m for m, p in enumerate(qp) if type(p) is Shard and p.dim == q.ndim - 2]
+        if seq_dims:
             q_off = compute_local_shape_and_offset(q.shape, mesh.shape, qp, coord)[1][-2]
+        if len(seq_dims) == 1:
+            m = seq_dims[0]
+            kv_len = call.specs[idx["key"]].shape[-2]
+            seq_shard = (mesh.size(m), coord[m], q.shape[-2], kv_len)
         shape = layout.shapes[0]
         assert shape is not None
         S = call.specs[idx["key"]].shape[-2]
@@ -215,6 +241,6 @@ class AttentionOp(DistributedOp):
         if q_off is None and dropout <= 0.0 and not empty:
             return layout  # the plain local kernel is exact
         layout.impl = ShardedSDPA(
-            call.func, call.binder or self.binder, call.platform, q_off, attn_shape, box
+            call.func, call.binder or self.binder, call.platform, q_off, attn_shape, box, seq_shard
         )
         return layout

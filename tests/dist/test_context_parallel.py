@@ -1,7 +1,12 @@
 """``hyper_shard.experimental.context_parallel`` (PyTorch's context-parallel API) against
 one process, on real gloo ranks (a mesh of 2): a small causal attention model over
 sequence pieces gives the single-device loss and, once the ranks' parameter gradients are
-summed (what FSDP/DDP do), the single-device gradients; the buffers are restored after."""
+summed (what FSDP/DDP do), the single-device gradients — for every attention method
+(the cost model's choice, ring, all-to-all, all-gather) and both sequence layouts
+(head-tail load-balanced, contiguous; uneven pieces). The buffers are restored after,
+``context_parallel_unshard`` undoes the layout, and bad input (a length the forced
+load-balanced layout cannot split, heads the all-to-all form cannot split) raises on
+every rank with the process group still usable."""
 
 from __future__ import annotations
 
@@ -12,7 +17,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import hyper_shard as hs
-from hyper_shard.experimental import context_parallel
+from hyper_shard.errors import ShardingError
+from hyper_shard.experimental import (
+    context_parallel,
+    context_parallel_unshard,
+    get_context_parallel_method,
+    set_context_parallel_method,
+    set_load_balance,
+    set_rotate_method,
+)
+from hyper_shard.kernels.attention_layout import HEAD_TAIL, PLAIN
 
 pytestmark = pytest.mark.multiproc
 
@@ -34,10 +48,10 @@ class _CausalLM(nn.Module):
         return self.out(a.transpose(1, 2).reshape(b, s, -1) + h)
 
 
-def check_context_parallel(rank, world, seq):
+def _one_case(rank, world, seq, method, balance, heads=2):
     torch.manual_seed(0)
-    ref = _CausalLM()
-    model = _CausalLM()
+    ref = _CausalLM(heads=heads)
+    model = _CausalLM(heads=heads)
     model.load_state_dict(ref.state_dict())
     tokens = torch.randint(0, 11, (2, seq))
     labels = torch.randint(0, 11, (2, seq))
@@ -46,17 +60,23 @@ def check_context_parallel(rank, world, seq):
     ref_loss.backward()
 
     mesh = hs.init_device_mesh("cpu", (world,))
+    set_context_parallel_method(method)
+    set_load_balance(balance)
+    layout = HEAD_TAIL if balance is not False and seq % (2 * world) == 0 else PLAIN
     saved = [t.clone() for t in (tokens, labels, positions)]
     with context_parallel(mesh, buffers=[tokens, labels, positions], buffer_seq_dims=[1, 1, 1]):
-        pieces = torch.arange(seq).chunk(world)
-        assert tokens.shape == (2, len(pieces[rank]))
-        assert torch.equal(positions[0], pieces[rank])
+        sizes = layout.sizes(seq, world)
+        mine = torch.tensor(layout.order(seq, world)).narrow(0, sum(sizes[:rank]), sizes[rank])
+        assert torch.equal(positions[0], mine)  # the layout's piece, in place
+        assert torch.equal(tokens, saved[0][:, mine]) and torch.equal(labels, saved[1][:, mine])
         logits = model(tokens, positions)
         local = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
         (local / (2 * seq)).backward()
+        whole = context_parallel_unshard(mesh, [logits.detach()], [1])[0]
     total = local.detach().clone()
     dist.all_reduce(total)
     torch.testing.assert_close(total / (2 * seq), ref_loss.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(whole, ref(saved[0], saved[2]).detach(), rtol=1e-5, atol=1e-5)
     for p, r in zip(model.parameters(), ref.parameters()):
         g = p.grad.clone()
         dist.all_reduce(g)
@@ -64,11 +84,40 @@ def check_context_parallel(rank, world, seq):
     for t, s in zip((tokens, labels, positions), saved):
         assert torch.equal(t, s)  # restored
     assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
-    # a buffer left as its piece; PyTorch's argument errors
+
+
+def check_context_parallel(rank, world):
+    torch.set_num_threads(1)
+    n = 0
+    try:
+        for method in ("auto", "ring", "ulysses", "allgather"):
+            for seq, balance in ((8, None), (7, None), (8, False), (12, True)):
+                _one_case(rank, world, seq, method, balance)
+                n += 1
+        set_rotate_method("alltoall")  # PyTorch's name for the ring rotation
+        assert get_context_parallel_method() == "ring"
+        _one_case(rank, world, 8, "ring", None)
+        with pytest.raises(NotImplementedError, match="kv shards rotation"):
+            set_rotate_method("ring")
+        with pytest.raises(ValueError, match="use one of auto, allgather, ring, ulysses"):
+            set_context_parallel_method("zigzag")
+    finally:
+        set_context_parallel_method("auto")
+        set_load_balance(None)
+    return n
+
+
+def check_arguments_and_bad_input(rank, world):
+    torch.set_num_threads(1)
+    mesh = hs.init_device_mesh("cpu", (world,))
+    seq = 8
+    # a buffer left as its piece; unshard gives the whole sequence back, layout undone
     ids = torch.arange(seq).view(1, seq).clone()
     with context_parallel(mesh, buffers=[ids], buffer_seq_dims=[1], no_restore_buffers={ids}):
         pass
-    assert torch.equal(ids[0], torch.arange(seq).chunk(world)[rank])
+    assert torch.equal(ids[0], torch.tensor(HEAD_TAIL.order(seq, world)).chunk(world)[rank])
+    assert torch.equal(context_parallel_unshard(mesh, [ids], [1])[0], torch.arange(seq)[None])
+    labels = torch.zeros(1, seq)
     with pytest.raises(ValueError, match="same number of elements"):
         with context_parallel(mesh, buffers=[ids], buffer_seq_dims=[]):
             pass
@@ -77,9 +126,36 @@ def check_context_parallel(rank, world, seq):
             mesh, buffers=[ids], buffer_seq_dims=[1], no_restore_buffers={labels}
         ):
             pass
-    return 1
+    with pytest.raises(ValueError, match="Parameter"):
+        with context_parallel(mesh, buffers=[nn.Parameter(torch.zeros(2, 4))], buffer_seq_dims=[1]):
+            pass
+    try:
+        # the forced load-balanced layout cannot split 7 into 2 x 2 chunks: every rank
+        # raises before anything moves, and the buffer is untouched
+        set_load_balance(True)
+        odd = torch.arange(7).view(1, 7).clone()
+        with pytest.raises(ValueError, match=r"2 x 2 = 4 equal chunks.*length is 7"):
+            with context_parallel(mesh, buffers=[odd], buffer_seq_dims=[1]):
+                pass
+        assert torch.equal(odd, torch.arange(7).view(1, 7))
+        set_load_balance(None)
+        # the all-to-all form cannot split 3 heads over 2 ranks: every rank raises
+        set_context_parallel_method("ulysses")
+        q = torch.randn(1, 3, 4, 4)
+        with pytest.raises(ShardingError, match="3 query heads per rank do not split over 2"):
+            with context_parallel(mesh, buffers=[], buffer_seq_dims=[]):
+                F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    finally:
+        set_context_parallel_method("auto")
+        set_load_balance(None)
+    t = torch.ones(1)
+    dist.all_reduce(t)  # the group still works: nothing hung
+    return int(t.item())
 
 
-@pytest.mark.parametrize("seq", [8, 7])  # even pieces, and uneven ones
-def test_context_parallel(dist2, seq):
-    assert dist2.run(check_context_parallel, seq) == [1, 1]
+def test_context_parallel(dist2):
+    assert dist2.run(check_context_parallel, timeout=600) == [16, 16]
+
+
+def test_arguments_and_bad_input(dist2):
+    assert dist2.run(check_arguments_and_bad_input) == [2, 2]

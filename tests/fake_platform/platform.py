@@ -54,6 +54,17 @@ class _Custom(torch.autograd.Function):
         return ctx.bwd(g), None, None
 
 
+class _CustomN(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, fwd: Callable, bwd: Callable, *inputs: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.bwd = bwd
+        return fwd(*inputs)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        return (None, None, *ctx.bwd(g))
+
+
 class SimPlatform(Platform):
     """Torch local math; collectives through the thread exchange.
 
@@ -184,6 +195,16 @@ class SimPlatform(Platform):
         every = group.exchange.gather(group, [p.detach().clone() for p in pieces])
         return [ps[group.coordinate].clone() for ps in every]
 
+    def send_recv(
+        self, t: torch.Tensor, dst: int, like: torch.Tensor, src: int, group: SimGroup
+    ) -> torch.Tensor:
+        """Every member posts ``(its tensor, its destination)``; each takes what ``src``
+        sent it (native only where ``native`` lists ``send_recv``)."""
+        every = group.exchange.gather(group, (t.detach().clone(), dst))
+        sent, to = every[src]
+        assert to == group.coordinate, "sim send_recv: unpaired exchange"
+        return sent.clone()
+
     def broadcast(self, t: torch.Tensor, src_group_rank: int, group: SimGroup) -> torch.Tensor:
         return group.exchange.gather(group, t.detach().clone())[src_group_rank].clone()
 
@@ -193,6 +214,9 @@ class SimPlatform(Platform):
     # ------------------------------------------------------------ autograd & wrapping
     def custom_autograd(self, fwd: Callable, bwd: Callable, x: Any) -> torch.Tensor:
         return _Custom.apply(x, fwd, bwd)
+
+    def custom_autograd_n(self, fwd: Callable, bwd: Callable, inputs: Sequence[Any]) -> Any:
+        return _CustomN.apply(fwd, bwd, *inputs)
 
     def requires_grad(self, t: Any) -> bool:
         return bool(t.requires_grad) and torch.is_grad_enabled()

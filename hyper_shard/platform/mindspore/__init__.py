@@ -116,6 +116,23 @@ class _Custom(ms._Function):
         return (out.contiguous() if isinstance(out, Tensor) else out), None, None
 
 
+class _CustomN(ms._Function):
+    """``fwd(*inputs)`` as one autograd node over several inputs; backward ``bwd(grad)``
+    (``fwd``/``bwd`` passed last: MindSpore binds the tensor inputs first)."""
+
+    @staticmethod
+    def forward(ctx: Any, *args: Any) -> Tensor:  # type: ignore[override]
+        *inputs, fwd, bwd = args
+        ctx.bwd = bwd
+        ctx.n = len(inputs)
+        return fwd(*inputs)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        grads = [x.contiguous() if isinstance(x, Tensor) else x for x in ctx.bwd(g)]
+        return (*grads, None, None)
+
+
 class MindSporePlatform(Platform):
     """hyper_shard on MindSpore (PyNative): mccl on CPU, HCCL on Ascend, NCCL on GPU.
 
@@ -591,6 +608,9 @@ class MindSporePlatform(Platform):
     # ------------------------------------------------------------ autograd & wrapping
     def custom_autograd(self, fwd: Callable, bwd: Callable, x: Any) -> Tensor:
         return _Custom.apply(ms_local(x), fwd, bwd)
+
+    def custom_autograd_n(self, fwd: Callable, bwd: Callable, inputs: Sequence[Any]) -> Tensor:
+        return _CustomN.apply(*[ms_local(x) for x in inputs], fwd, bwd)
 
     def requires_grad(self, t: Any) -> bool:
         """True while MindSpore records gradients (inside ``ms.grad``/``value_and_grad``) for

@@ -20,6 +20,7 @@ from ...redistribute.cost import COLLECTIVES
 from ...spec import TensorMeta, contiguous_stride
 from ..base import GroupRanks, Platform
 from ..timeouts import explicit_timeout, resolve_timeout
+from . import attention_ops as _ops
 from . import functional_comm as _fc
 from .compiled_state import _TRACING
 from .compiled_state import TracedDTensor as _TracedDTensor
@@ -150,6 +151,8 @@ class TorchPlatform(Platform):
 
     #: the flat collectives (FSDP's ``*_into``) run with ``async_op=True`` and a handle
     async_collectives = True
+    #: ``send_recv_start`` posts isend/irecv and returns (ring attention overlaps compute)
+    async_point_to_point = True
 
     def __init__(self) -> None:
         compose = os.environ.get("HYPER_SHARD_COMPOSE", "")
@@ -373,6 +376,24 @@ class TorchPlatform(Platform):
     def softmax(self, t: torch.Tensor, dim: int) -> torch.Tensor:
         return torch.softmax(t, dim)
 
+    def attention_lse(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return _ops.flash_lse(q, k, v, causal, scale)
+
+    def attention_lse_backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        causal: bool,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        return _ops.flash_lse_backward(dout, q, k, v, out, lse, causal, scale)
+
     def isfinite(self, t: torch.Tensor) -> torch.Tensor:
         return torch.isfinite(t)
 
@@ -560,6 +581,29 @@ class TorchPlatform(Platform):
         collective(self, "send_recv", group, send.shape, send.dtype, _exchange, ops)
         return recv
 
+    def send_recv_start(
+        self,
+        t: torch.Tensor,
+        dst: int,
+        like: torch.Tensor,
+        src: int,
+        group: TorchGroup,
+        tag: int = 0,
+    ) -> Any:
+        """isend ``t`` to coordinate ``dst`` and irecv a tensor like ``like`` from ``src``;
+        returns at once (the handle's ``wait()`` completes them)."""
+        if _TRACING[0] or _compiler._is_compiling_flag or t.dtype is torch.int16:
+            return Platform.send_recv_start(self, t, dst, like, src, group, tag)
+        send = t.contiguous()
+        recv = torch.empty_like(like, memory_format=torch.contiguous_format)
+        if send.numel() == 0 and recv.numel() == 0:
+            return _ops.PendingRecv([], recv)
+        reqs = collective(
+            self, "send_recv (async)", group, send.shape, send.dtype,
+            _ops.post, send, group.ranks[dst], recv, group.ranks[src], group.pg, tag,
+        )  # fmt: skip
+        return _ops.PendingRecv(reqs, recv)
+
     def broadcast(self, t: torch.Tensor, src_group_rank: int, group: TorchGroup) -> torch.Tensor:
         if _TRACING[0] or _compiler._is_compiling_flag:
             return _fc.broadcast(t, src_group_rank, group)
@@ -696,6 +740,10 @@ class TorchPlatform(Platform):
     def custom_autograd(self, fwd: Callable, bwd: Callable, x: Any) -> torch.Tensor:
         with DisableTorchFunctionSubclass():
             return _Custom.apply(x, fwd, bwd)
+
+    def custom_autograd_n(self, fwd: Callable, bwd: Callable, inputs: Sequence[Any]) -> Any:
+        with DisableTorchFunctionSubclass():
+            return _ops.CustomN.apply(fwd, bwd, *inputs)
 
     def alias_autograd(self, bwd: Callable, x: Any) -> torch.Tensor:
         with DisableTorchFunctionSubclass():

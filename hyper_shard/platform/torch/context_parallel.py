@@ -2,15 +2,18 @@
 signature and semantics of PyTorch's ``torch.distributed.tensor.experimental.
 context_parallel``.
 
-Inside the context every buffer (input ids, labels, position ids...) holds this rank's
-piece of its sequence dim (``torch.chunk`` pieces in mesh-coordinate order), and
-``torch.nn.functional.scaled_dot_product_attention`` called on plain tensors runs as
-sequence-parallel attention: the query, key and value arrive as local sequence pieces, are
-viewed as ``Shard(-2)`` DTensors on the mesh and go through hyper_shard's attention rule
-(key and value all-gathered, the query kept sharded, ``is_causal`` shifted by the piece's
-global offset; backward reduce-scatters the key/value gradients), and the local piece of
-the output is returned. On exit the buffers get their original values back (except those
-in ``no_restore_buffers``) and the function is restored.
+Inside the context every buffer (input ids, labels, position ids...) holds, in place, this
+rank's piece of its sequence dim in the context's sequence layout
+(:mod:`hyper_shard.kernels.attention_layout`: head-tail load-balanced where ``2 n``
+divides the length, as PyTorch's default load balancer, else contiguous ``torch.chunk``
+pieces), and ``torch.nn.functional.scaled_dot_product_attention`` called on plain
+tensors runs as context-parallel attention: the query, key and value arrive as local
+sequence pieces, are viewed as ``Shard(-2)`` DTensors of the laid-out sequence on the
+mesh and go through hyper_shard's attention rule, whose cost model (or
+``set_rotate_method`` / ``set_context_parallel_method``) picks ring, all-to-all or
+all-gather attention, with causal masks following the layout; the local piece of the
+output is returned. On exit the buffers get their original values back (except those in
+``no_restore_buffers``) and the function is restored.
 """
 
 from __future__ import annotations
@@ -22,10 +25,18 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ...kernels.attention_layout import (
+    SequenceLayout,
+    check_buffers,
+    layout_of,
+    local_piece,
+    using_layout,
+)
+
 __all__ = ["context_parallel"]
 
 
-def _sequence_attention(orig: Any, mesh: Any, even: bool) -> Any:
+def _sequence_attention(orig: Any, mesh: Any, layout: SequenceLayout, even: bool) -> Any:
     from ...dtensor import DTensor
     from ...placement import Shard
     from ...spec import contiguous_stride
@@ -49,7 +60,8 @@ def _sequence_attention(orig: Any, mesh: Any, even: bool) -> Any:
                 "on sequence pieces is not supported (as PyTorch's context_parallel); use "
                 "is_causal=True, or call it outside the context"
             )
-        out = orig(view(query), view(key), view(value), *args, **kwargs)
+        with using_layout(layout):
+            out = orig(view(query), view(key), view(value), *args, **kwargs)
         return out.to_local()
 
     return sdpa
@@ -67,17 +79,7 @@ def context_parallel(
     buffers = [] if buffers is None else list(buffers)
     seq_dims = [] if buffer_seq_dims is None else list(buffer_seq_dims)
     keep = set() if no_restore_buffers is None else no_restore_buffers
-    if len(buffers) != len(seq_dims):
-        raise ValueError("`seq_dims` must have the same number of elements as `buffers`.")
-    for b in keep:
-        if not any(b is x for x in buffers):
-            raise ValueError("`no_restore_buffers` must be a subset of `buffers`.")
-    for b in buffers:
-        if isinstance(b, torch.nn.Parameter):
-            raise ValueError(
-                "context_parallel: `buffers` may not contain nn.Parameter (its shape would "
-                "change under the optimizer); pass activations, labels, position ids"
-            )
+    check_buffers(buffers, seq_dims, keep, torch.nn.Parameter)
     if mesh.ndim != 1:
         raise ValueError(
             f"context_parallel takes a 1-D mesh (the context-parallel dim), got {mesh}; "
@@ -85,23 +87,23 @@ def context_parallel(
         )
     n = mesh.size()
     coord = mesh.get_coordinate()
+    layout = layout_of(buffers, seq_dims, n)
+    plat = mesh.platform
     originals = [None if any(b is k for k in keep) else b.clone() for b in buffers]
-    even = all(b.shape[d] % n == 0 for b, d in zip(buffers, seq_dims))
+    even = bool(buffers) and all(b.shape[d] % n == 0 for b, d in zip(buffers, seq_dims))
     with torch.no_grad():
         for b, d in zip(buffers, seq_dims):
-            pieces = torch.chunk(b, n, dim=d)
-            piece = (
-                pieces[coord[0]].clone()
-                if coord is not None and coord[0] < len(pieces)
-                else b.narrow(d, 0, 0).clone()
-            )
+            if coord is None:
+                piece = b.narrow(d, 0, 0).clone()
+            else:
+                piece = local_piece(plat, b, d, layout, n, coord[0]).clone()
             b.resize_(piece.shape)
             b.copy_(piece)
     orig = F.scaled_dot_product_attention
     from .dispatch import _lookup
 
     _lookup(orig)  # bind the registry now: name lookups inside the context see the patch
-    F.scaled_dot_product_attention = _sequence_attention(orig, mesh, even)
+    F.scaled_dot_product_attention = _sequence_attention(orig, mesh, layout, even)
     try:
         yield
     finally:
