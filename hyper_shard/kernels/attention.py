@@ -25,6 +25,7 @@ from ..random import get_rng_tracker
 from . import numel
 
 if TYPE_CHECKING:
+    from ..mesh import DeviceMesh
     from ..platform.base import LocalOps, Runtime
 
 __all__ = ["ShardedSDPA", "math_attention"]
@@ -101,9 +102,19 @@ class ShardedSDPA:
             sequence dim is not sharded).
         attn_shape: the global shape of the attention weights ``(*batch, heads, L, S)``.
         attn_box: ``(offset, local shape)`` of this rank's attention weights.
+        mesh: the query's mesh (the dropout draw is shared by ranks that are threads).
     """
 
-    __slots__ = ("func", "binder", "plat", "query_offset", "attn_shape", "attn_box", "_masks")
+    __slots__ = (
+        "func",
+        "binder",
+        "plat",
+        "query_offset",
+        "attn_shape",
+        "attn_box",
+        "mesh",
+        "_masks",
+    )
 
     def __init__(
         self,
@@ -113,8 +124,10 @@ class ShardedSDPA:
         query_offset: int | None,
         attn_shape: Sequence[int],
         attn_box: tuple[Sequence[int], Sequence[int]],
+        mesh: DeviceMesh | None = None,
     ) -> None:
         self.func = func
+        self.mesh = mesh
         self.binder = binder
         self.plat = plat
         self.query_offset = query_offset
@@ -170,7 +183,9 @@ class ShardedSDPA:
 
         def drop(attn: Any) -> Any:
             ones = plat.full(shape, 1, attn)
-            mask = get_rng_tracker().draw_shard(plat, lambda: plat.dropout(ones, p), *box)
+            mask = get_rng_tracker().draw_shard(
+                plat, lambda: plat.dropout(ones, p), *box, self.mesh
+            )
             return attn * mask
 
         return drop
