@@ -230,7 +230,7 @@ def dump_recent_ops(file: str | os.PathLike[str] | IO[str] | None = None) -> str
     >>> hyper_shard.debug.dump_recent_ops(f"recent_ops.rank{rank}.txt")
     """
     records = recent()
-    lines = [f"hyper_shard: the last {len(records)} collectives of this process (oldest first)"]
+    lines = [f"hyper_shard: the last {len(records)} collectives of this rank (oldest first)"]
     lines += [str(r) for r in records]
     text = "\n".join(lines) + "\n"
     if file is not None:

@@ -288,13 +288,17 @@ def test_dropout_backward_aten_on_thread_ranks():
 
 # ---------------------------------------------------------------------- TP MLP
 class MLP(torch.nn.Module):
+    """A gated MLP: ``gate`` and ``up`` read the same input (one wrap of it, reused: its
+    backward reduces once per rank, so every rank must reuse alike)."""
+
     def __init__(self) -> None:
         super().__init__()
+        self.gate = torch.nn.Linear(8, 16)
         self.up = torch.nn.Linear(8, 16)
         self.down = torch.nn.Linear(16, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.up(x)))
+        return self.down(F.gelu(self.gate(x)) * self.up(x))
 
 
 def test_tensor_parallel_mlp_on_thread_ranks():
@@ -308,15 +312,19 @@ def test_tensor_parallel_mlp_on_thread_ranks():
     def rank(r: int) -> list:
         mesh = _mesh((WORLD,))
         m = parallelize_module(
-            copy.deepcopy(model), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()}
+            copy.deepcopy(model),
+            mesh,
+            {"gate": ColwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()},
         )
         opt = torch.optim.AdamW(m.parameters(), lr=0.05)
         out = []
-        for x in batches:
+        for b in batches:
+            x = b.clone().requires_grad_(True)  # its gradient too (the reused wrap's)
             opt.zero_grad()
             loss = m(x).square().mean()
             loss.backward()
             grads = {n: p.grad.full_tensor() for n, p in m.named_parameters()}
+            grads["input"] = x.grad
             opt.step()
             out.append((loss.detach().clone(), grads))
         out.append({n: p.full_tensor() for n, p in m.named_parameters()})
@@ -326,11 +334,14 @@ def test_tensor_parallel_mlp_on_thread_ranks():
     ref = copy.deepcopy(model)
     opt = torch.optim.AdamW(ref.parameters(), lr=0.05)
     want = []
-    for x in batches:
+    for b in batches:
+        x = b.clone().requires_grad_(True)
         opt.zero_grad()
         loss = ref(x).square().mean()
         loss.backward()
-        want.append((loss.detach(), {n: p.grad.clone() for n, p in ref.named_parameters()}))
+        grads = {n: p.grad.clone() for n, p in ref.named_parameters()}
+        grads["input"] = x.grad
+        want.append((loss.detach(), grads))
         opt.step()
     weights = dict(ref.named_parameters())
     for r in range(WORLD):
