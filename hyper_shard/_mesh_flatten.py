@@ -63,7 +63,7 @@ def flatten(mesh: DeviceMesh, name: str | None) -> DeviceMesh:
             groups = [_create_group(root, rdims)]
     flat = DeviceMesh(
         mesh.device_type, members, mesh_dim_names=(name,), _rank=mesh._rank, _groups=groups,
-        _abstract=True,
+        _abstract=True, _world=root._world,
     )  # fmt: skip
     flat._platform = root._platform
     cache[name] = (rdims, flat)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
@@ -24,7 +25,14 @@ from ._mesh_flatten import flatten, flattened, from_group
 if TYPE_CHECKING:
     from .platform.base import Platform
 
-__all__ = ["DeviceMesh", "MeshError", "init_device_mesh", "as_mesh", "current_mesh"]
+__all__ = [
+    "DeviceMesh",
+    "MeshError",
+    "init_device_mesh",
+    "as_mesh",
+    "current_mesh",
+    "this_rank",
+]
 
 
 class MeshError(ValueError, RuntimeError):
@@ -35,6 +43,36 @@ class MeshError(ValueError, RuntimeError):
 
 #: the meshes entered with ``with mesh:`` in this thread/task, innermost last
 _MESH_STACK: ContextVar[tuple[DeviceMesh, ...]] = ContextVar("hyper_shard_mesh_stack", default=())
+
+
+class _ThreadRank(threading.local):
+    """The rank this thread last built a concrete mesh as (ranks as threads: its own)."""
+
+    rank: int | None = None
+
+
+_THREAD_RANK = _ThreadRank()
+#: the rank of the first concrete mesh built in this process (a process of one rank: its
+#: rank, for threads that build no mesh, e.g. the autograd engine's)
+_PROCESS_RANK: list[int | None] = [None]
+
+
+def _note_rank(rank: int) -> None:
+    _THREAD_RANK.rank = rank
+    if _PROCESS_RANK[0] is None:
+        _PROCESS_RANK[0] = rank
+
+
+def this_rank() -> int | None:
+    """The global rank the calling thread runs as: the rank its last concrete mesh was
+    built by, else the rank of the first mesh built in the process (None before any).
+
+    One rank per process (torchrun, msrun): the process's rank, from every thread. Ranks
+    as threads of one process (PyTorch's threaded process group, the test platforms): the
+    calling thread's own rank, which keys the state kept per rank (the flight recorder,
+    the consistency mode, ``CommDebugMode``'s counters)."""
+    r = _THREAD_RANK.rank
+    return _PROCESS_RANK[0] if r is None else r
 
 
 def _flatten(mesh: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -97,6 +135,7 @@ class DeviceMesh:
         _rank: int | None = None,
         _groups: Sequence[Any] | None = None,
         _abstract: bool = False,
+        _world: Any = None,
     ) -> None:
         shape, ranks = _flatten(mesh)
         if len(shape) == 0:
@@ -121,8 +160,6 @@ class DeviceMesh:
         self._ranks: tuple[int, ...] = ranks
         self.mesh_dim_names: tuple[str, ...] | None = mesh_dim_names
         self._strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
-        self._key = (device_type, shape, ranks, mesh_dim_names)
-        self._hash = hash(self._key)
         self._platform: Platform | None = None
         #: the mesh this one was sliced from (None for a root mesh) and its dims there
         self._root: DeviceMesh | None = None
@@ -135,6 +172,17 @@ class DeviceMesh:
             self._platform = get_platform(platform, device_type=device_type)
             self._platform.ensure_initialized(device_type, timeout)
             self._rank = self._platform.get_rank() if _rank is None else _rank
+            _world = self._platform.world_id()
+            _note_rank(self._rank)
+        #: the mesh as every rank describes it
+        self._desc = (device_type, shape, ranks, mesh_dim_names)
+        # the identity adds the rank holding this mesh and its world (see "Ranks as threads"
+        # in docs/architecture.md): the same mesh built by ranks r and s of one process
+        # (ranks as threads), or again after the process group was made anew, is another
+        # mesh, so every spec, decision and plan keyed on it is per rank and per world
+        self._world = _world
+        self._key = (*self._desc, self._rank, _world)
+        self._hash = hash(self._key)
         self._coordinate = self._compute_coordinate(self._rank)
         if _groups is not None:
             self._groups: list[Any] | None = list(_groups)
@@ -412,6 +460,7 @@ class DeviceMesh:
             _rank=self._rank,
             _groups=groups,
             _abstract=True,
+            _world=self._world,
         )
         sub._platform = self._platform
         root = self._root if self._root is not None else self
@@ -441,7 +490,8 @@ class DeviceMesh:
 
     # ------------------------------------------------------------------ identity
     def __eq__(self, other: object) -> bool:
-        """Same ranks, shape, device type and dim names; a framework's own mesh (a torch
+        """Same ranks, shape, device type and dim names, seen by the same rank (ranks as
+        threads of one process hold one mesh each); a framework's own mesh (a torch
         ``DeviceMesh``) compares by what it converts to, so ``dt.device_mesh == torch_mesh``
         holds as in PyTorch (no collective)."""
         if self is other or (isinstance(other, DeviceMesh) and other._key == self._key):
@@ -527,27 +577,29 @@ def _rebuild_mesh(
     abstract: bool,
     coordinate: Sequence[int] | None = None,
 ) -> DeviceMesh:
-    """Unpickle a DeviceMesh: an abstract one is rebuilt; a concrete one is the live mesh of
-    this process with the same ranks, device type and dim names. When there is none (a
-    checkpoint opened in another process, as PyTorch DTensor allows), the mesh comes back
+    """Unpickle a DeviceMesh: an abstract one is rebuilt (at the saved coordinate); a
+    concrete one is the live mesh of this rank and world with the same ranks, device type
+    and dim names. When there is none (a checkpoint opened in another process, as PyTorch
+    DTensor allows), the mesh comes back
     *detached*: its description, the platform and the saving rank's ``coordinate``, but no
     process group, so the DTensor's metadata and local shard are usable and a collective
     raises (build the mesh first to run them). Process groups are never made by
     ``torch.load``: creating them is a collective call unpickling cannot make safely.
     """
     names = tuple(mesh_dim_names) if mesh_dim_names is not None else None
-    if abstract:
-        return DeviceMesh(device_type, mesh, mesh_dim_names=names, _abstract=True)
     shape, ranks = _flatten(mesh)
-    live = _LIVE.get((device_type, shape, ranks, names))
-    if live is not None:
-        return live
     strides = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
     rank = ranks[sum(c * s for c, s in zip(coordinate, strides))] if coordinate else ranks[0]
-    detached = DeviceMesh(device_type, mesh, mesh_dim_names=names, _rank=rank, _abstract=True)
+    if abstract:
+        return DeviceMesh(device_type, mesh, mesh_dim_names=names, _rank=rank, _abstract=True)
     from ._locator import get_platform
 
-    detached._platform = get_platform(None, device_type=device_type)
+    plat = get_platform(None, device_type=device_type)
+    live = _LIVE.get((device_type, shape, ranks, names, this_rank(), plat.world_id()))
+    if live is not None:  # this rank's mesh of that description, in its current world
+        return live
+    detached = DeviceMesh(device_type, mesh, mesh_dim_names=names, _rank=rank, _abstract=True)
+    detached._platform = plat
     detached._detached = True
     return detached
 

@@ -28,6 +28,18 @@ Plain random ops on plain tensors are not tracked: a rank that draws alone (e.g.
 rank 0 samples data from the default generator) puts the ranks' generators out of step;
 :func:`rng_synced` checks, :func:`sync_rng_state` repairs.
 
+**Ranks as threads.** Where the ranks are threads of one process (PyTorch's threaded
+process group: :meth:`~hyper_shard.platform.base.Comm.ranks_are_threads`) they share one
+generator, so drawing once per rank would advance it once per rank and give each rank
+other values. There the tracker draws each random op *once* for every rank of the mesh (the
+first rank to reach its ``k``-th draw on a mesh draws it; the others take the same tensor)
+and ``manual_seed(seed, mesh)`` / ``sync_rng_state`` set the generator once: values and
+generator state equal one device's, as with one process per rank, provided the threads
+draw from the generator only through DTensor ops (seed it once, before the threads draw,
+or with ``manual_seed(seed, mesh)``). A Replicate DTensor's random op runs in the tracker
+too there (each process's own generator makes it identical elsewhere). The counters
+(:attr:`OffsetRNGTracker.stats`) are kept per rank.
+
 Semantics follow the framework's own random ops (``torch.nn.functional.dropout``,
 ``torch.rand_like``...) on the global tensor. The generator is the one the platform declares
 (``PlatformBindings.generator``; its state only where ``rng_state``).
@@ -35,11 +47,12 @@ Semantics follow the framework's own random ops (``torch.nn.functional.dropout``
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .mesh import DeviceMesh
+from .mesh import DeviceMesh, this_rank
 
 if TYPE_CHECKING:
     from .platform.base import LocalOps
@@ -69,11 +82,22 @@ class OffsetRNGTracker:
     single-device stream (see the module docstring).
 
     A rule's local kernel calls :meth:`draw_shard` with a function that draws the global
-    tensor and the box (global offset, local shape) of this rank's shard.
+    tensor, the box (global offset, local shape) of this rank's shard and the mesh.
     """
 
     def __init__(self) -> None:
-        self.stats = RNGStats()
+        #: per rank (one entry with one rank per process): counters, draws per root mesh
+        self._stats: dict[int | None, RNGStats] = {}
+        self._events: dict[tuple[Any, int], int] = {}
+
+    @property
+    def stats(self) -> RNGStats:
+        """The calling rank's counters."""
+        return self._stats_of(this_rank())
+
+    def _stats_of(self, rank: int | None) -> RNGStats:
+        st = self._stats.get(rank)
+        return st if st is not None else self._stats.setdefault(rank, RNGStats())
 
     def draw_shard(
         self,
@@ -81,6 +105,7 @@ class OffsetRNGTracker:
         draw_global: Callable[[], Any],
         offset: Sequence[int],
         local_shape: Sequence[int],
+        mesh: DeviceMesh | None = None,
     ) -> Any:
         """This rank's box of one global draw.
 
@@ -89,26 +114,30 @@ class OffsetRNGTracker:
             draw_global: draws the whole global tensor from the shared generator state.
             offset: the global index of the shard's first element (one entry per dim).
             local_shape: the shard's shape.
+            mesh: the DTensor's mesh; where its ranks are threads of this process, the
+                global tensor is drawn once for all of them (the module docstring).
 
         Returns:
             The box ``[offset, offset + local_shape)`` of the draw, a contiguous tensor that
-            does not keep the global draw alive (the draw itself when the box is all of it).
+            does not keep the global draw alive (the draw itself when the box is all of it
+            and no other rank shares it).
 
         Raises:
             ValueError: the box does not fit inside the drawn tensor.
         """
-        full = draw_global()
+        full, shared = self._draw(draw_global, mesh)
         shape = plat.shape(full)
         if len(shape) != len(offset) or len(shape) != len(local_shape):
             raise ValueError(
                 f"RNG tracker: a draw of shape {tuple(shape)} cannot hold a box at offset "
                 f"{tuple(offset)} of shape {tuple(local_shape)}"
             )
-        self.stats.draws += 1
+        stats = self._stats_of(this_rank() if mesh is None else mesh.get_rank())
+        stats.draws += 1
         n = 1
         for s in shape:
             n *= s
-        self.stats.elements += n
+        stats.elements += n
         out = full
         cut = False
         for d, (o, ln, s) in enumerate(zip(offset, local_shape, shape)):
@@ -122,15 +151,50 @@ class OffsetRNGTracker:
         k = 1
         for ln in local_shape:
             k *= ln
-        self.stats.kept += k
-        return plat.clone(out) if cut else out
+        stats.kept += k
+        return plat.clone(out) if cut or shared else out
 
+    def _draw(self, draw_global: Callable[[], Any], mesh: DeviceMesh | None) -> tuple[Any, bool]:
+        """The global draw, and whether other ranks (threads) share the tensor."""
+        if mesh is None or mesh.is_abstract or not mesh.platform.ranks_are_threads():
+            return draw_global(), False
+        return self._once(mesh, draw_global), True
+
+    def _once(self, mesh: DeviceMesh, run: Callable[[], Any]) -> Any:
+        """``run()`` once for every rank of ``mesh``'s root mesh, all threads of this
+        process: the ``k``-th call of each rank on that root returns the result of the
+        first rank's ``k``-th call. Ranks reach their ``k``-th call only after their
+        ``k-1``-th, so the calls run (under a lock) in program order, as on one device."""
+        root = mesh._root or mesh
+        where = root._desc
+        rank = mesh.get_rank()
+        k = self._events.get((where, rank), 0)
+        self._events[(where, rank)] = k + 1
+        key = (where, k)
+        with _SHARED_LOCK:
+            slot = _SHARED.get(key)
+            if slot is None:
+                out = run()
+                if root.size() > 1:
+                    _SHARED[key] = [out, root.size() - 1]
+                return out
+            slot[1] -= 1
+            if slot[1] <= 0:
+                del _SHARED[key]
+            return slot[0]
+
+
+#: draws (and seeds) of ranks that are threads of this process, waiting for the other
+#: ranks of their root mesh: (root mesh, k) -> [result, ranks still to take it]
+_SHARED: dict[tuple[Any, int], list[Any]] = {}
+_SHARED_LOCK = threading.Lock()
 
 _TRACKER = OffsetRNGTracker()
 
 
 def get_rng_tracker() -> OffsetRNGTracker:
-    """The process's RNG tracker (used by the random, dropout and attention rules)."""
+    """The process's RNG tracker (used by the random, dropout and attention rules; its
+    counters are per rank)."""
     return _TRACKER
 
 
@@ -185,7 +249,12 @@ def manual_seed(seed: int, device_mesh: DeviceMesh | None = None) -> None:
                 f"seeds {sorted(seen)}; pass the same seed on every rank, so that sharded random "
                 f"ops equal the single-device ones"
             )
-    _generator(device_mesh, "manual_seed").manual_seed(seed)
+    gen = _generator(device_mesh, "manual_seed")
+    if device_mesh is not None and not device_mesh.is_abstract:
+        if device_mesh.platform.ranks_are_threads():  # one generator for every rank: once
+            _TRACKER._once(device_mesh, lambda: gen.manual_seed(seed))
+            return
+    gen.manual_seed(seed)
 
 
 def rng_synced(device_mesh: DeviceMesh) -> bool:
@@ -216,4 +285,7 @@ def sync_rng_state(device_mesh: DeviceMesh) -> None:
     state = gen.get_state()
     for m in range(device_mesh.ndim):
         state = plat.broadcast(state, 0, device_mesh._group(m))
-    gen.set_state(state)
+    if plat.ranks_are_threads():  # one generator for every rank: set it once
+        _TRACKER._once(device_mesh, lambda: gen.set_state(state))
+    else:
+        gen.set_state(state)

@@ -18,6 +18,7 @@ This module imports no framework.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -263,7 +264,8 @@ _SPEC_IDS: dict[tuple, int] = {}
 #: seeds: all below 2**64): a layout-cache key holds spec ids and static values side by
 #: side (``torch.max(x, 1)`` vs ``torch.max(x, y)``), and the two must never compare equal
 _SPEC_ID_BASE = 1 << 70
-_NEXT_SPEC_ID = [_SPEC_ID_BASE]
+#: the next id (``next()`` of an ``itertools.count`` is atomic: threads never share an id)
+_NEXT_SPEC_ID = itertools.count(_SPEC_ID_BASE + 1)
 _MAX_SPEC_IDS = 1 << 16
 
 
@@ -277,8 +279,8 @@ def intern_spec_key(key: tuple) -> int:
     if i is None:
         if len(_SPEC_IDS) >= _MAX_SPEC_IDS:
             _SPEC_IDS.clear()
-        _NEXT_SPEC_ID[0] += 1
-        i = _SPEC_IDS[key] = _NEXT_SPEC_ID[0]
+        # two threads interning one key at once: the first id stored wins
+        i = _SPEC_IDS.setdefault(key, next(_NEXT_SPEC_ID))
     return i
 
 

@@ -27,6 +27,7 @@ from typing import IO, Any
 from ..dispatch.dispatcher import cache_info, clear_cache
 from ..flight.consistency import MODE
 from ..flight.recorder import RECENT, Record, recent
+from ..mesh import this_rank
 from ..redistribute.executor import COUNTERS
 from ..redistribute.planner import plan_cache_info
 from ..redistribute.steps import COLLECTIVES
@@ -65,7 +66,7 @@ def comm_counter() -> Iterator[CommCounts]:
     1
     """
     counts = CommCounts()
-    COUNTERS.append(counts)
+    COUNTERS.append((this_rank(), counts))
     try:
         yield counts
     finally:
@@ -75,7 +76,7 @@ def comm_counter() -> Iterator[CommCounts]:
 def _remove_counter(counts: CommCounts) -> None:
     """Drop ``counts`` from the active counters by identity (two nested counters with
     equal counts compare equal as dicts)."""
-    for i, c in enumerate(COUNTERS):
+    for i, (_, c) in enumerate(COUNTERS):
         if c is counts:
             del COUNTERS[i]
             return
@@ -150,7 +151,7 @@ class CommDebugMode:
 
     def __enter__(self) -> CommDebugMode:
         self._raw = CommCounts()
-        COUNTERS.append(self._raw)
+        COUNTERS.append((this_rank(), self._raw))
         self._active = True
         return self
 
@@ -229,7 +230,7 @@ def dump_recent_ops(file: str | os.PathLike[str] | IO[str] | None = None) -> str
     >>> hyper_shard.debug.dump_recent_ops(f"recent_ops.rank{rank}.txt")
     """
     records = recent()
-    lines = [f"hyper_shard: the last {len(records)} collectives of this process (oldest first)"]
+    lines = [f"hyper_shard: the last {len(records)} collectives of this rank (oldest first)"]
     lines += [str(r) for r in records]
     text = "\n".join(lines) + "\n"
     if file is not None:
@@ -261,9 +262,5 @@ def check_consistency(enabled: bool = True) -> Iterator[None]:
     Every rank must enter and leave the block at the same point of the program. Nestable;
     ``check_consistency(False)`` turns it off inside.
     """
-    before = MODE.on
-    MODE.on = bool(enabled)
-    try:
+    with MODE.block(enabled):  # per rank: ranks may be threads of one process
         yield
-    finally:
-        MODE.on = before

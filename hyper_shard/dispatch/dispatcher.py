@@ -73,7 +73,10 @@ class _Config:
 config = _Config()
 
 #: key -> decision, in insertion order (a plain dict: a hit costs one lookup and one
-#: counter increment on the decision, no reordering)
+#: counter increment on the decision, no reordering). Per rank without costing a lookup: a
+#: key holds its DTensors' spec ids, and a spec's mesh is keyed by the rank holding it, so
+#: ranks that are threads of one process never share a decision (docs/architecture.md,
+#: "Ranks as threads")
 _CACHE: dict[tuple, Decision] = {}
 #: misses, and the hits of decisions no longer cached (the cached ones count their own)
 _STATS = {"hits": 0, "misses": 0}
@@ -82,7 +85,7 @@ _WARNED: set[str] = set()
 
 def cache_info() -> dict[str, int]:
     """Layout-cache hits, misses and size."""
-    hits = _STATS["hits"] + sum(d.hits for d in _CACHE.values())
+    hits = _STATS["hits"] + sum(d.hits for d in list(_CACHE.values()))  # a copy: threads
     return {
         "hits": hits,
         "misses": _STATS["misses"],
@@ -102,10 +105,15 @@ def _evict(cache: dict[tuple, Decision], size: int) -> None:
     since it was last looked at gets a second chance (it moves to the end, its hits
     marked seen). An approximate LRU (CLOCK) whose hits cost one counter increment and no
     reordering; at most one pass over the cache per eviction, since a second look at an
-    entry evicts it."""
+    entry evicts it. Safe against other threads evicting at the same time."""
     while len(cache) > size:
-        key = next(iter(cache))
-        dec = cache.pop(key)
+        try:
+            key = next(iter(cache))
+        except StopIteration:  # emptied by another thread
+            continue
+        dec = cache.pop(key, None)
+        if dec is None:  # another thread took it
+            continue
         if dec.hits != dec.seen_hits:
             dec.seen_hits = dec.hits
             cache[key] = dec

@@ -11,9 +11,9 @@ the hashes differ, every rank of the group raises
 :class:`~hyper_shard.errors.DivergenceError` naming what each rank was doing, *before* the
 mismatched collective runs (which would hang, or return garbage, or make gloo abort).
 
-Off by default; on inside :func:`hyper_shard.debug.check_consistency` or with
-``HYPER_SHARD_CHECK_CONSISTENCY=1`` (read at import). When off it costs one attribute
-test per collective; when on, one small extra all-gather per collective (see
+Off by default; on inside :func:`hyper_shard.debug.check_consistency` (per rank) or with
+``HYPER_SHARD_CHECK_CONSISTENCY=1`` (read at import). When off it costs one property
+read per collective; when on, one small extra all-gather per collective (see
 benchmarks/bench_dispatch.py). Every rank must turn it on and off at the same points.
 Framework-neutral: the exchange is the platform's ``all_gather_bytes``.
 """
@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DivergenceError
+from ..mesh import this_rank
 from .context import Frame, dtype_name
 
 if TYPE_CHECKING:
@@ -38,17 +41,49 @@ _HASH = 8
 
 
 class _Mode:
-    """The process-wide switch (one attribute test per collective)."""
+    """The switch, read once per collective: ``on`` is the calling rank's setting — the
+    innermost :func:`hyper_shard.debug.check_consistency` block it is in, else the
+    process-wide default (``HYPER_SHARD_CHECK_CONSISTENCY``; assigning ``on`` sets it).
+    Blocks are per rank: ranks that are threads of one process enter and leave them at
+    their own points of the program, as processes do."""
 
-    __slots__ = ("on",)
+    __slots__ = ("default", "ranks")
 
     def __init__(self) -> None:
-        self.on = os.environ.get("HYPER_SHARD_CHECK_CONSISTENCY", "").strip().lower() in (
+        self.default = os.environ.get("HYPER_SHARD_CHECK_CONSISTENCY", "").strip().lower() in (
             "1",
             "true",
             "yes",
             "on",
         )
+        #: rank -> the setting of its innermost open block
+        self.ranks: dict[int | None, bool] = {}
+
+    @property
+    def on(self) -> bool:
+        if self.ranks:
+            here = self.ranks.get(this_rank())
+            if here is not None:
+                return here
+        return self.default
+
+    @on.setter
+    def on(self, value: bool) -> None:
+        self.default = bool(value)
+
+    @contextmanager
+    def block(self, enabled: bool) -> Iterator[None]:
+        """The calling rank's setting is ``enabled`` inside (nestable)."""
+        rank = this_rank()
+        before = self.ranks.get(rank)
+        self.ranks[rank] = bool(enabled)
+        try:
+            yield
+        finally:
+            if before is None:
+                self.ranks.pop(rank, None)
+            else:
+                self.ranks[rank] = before
 
 
 MODE = _Mode()

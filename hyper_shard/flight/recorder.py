@@ -9,7 +9,9 @@ it done, failed or still running. Ops that move nothing record nothing. Read it 
 shows the last few.
 
 The buffer keeps the last ``HYPER_SHARD_RECENT_OPS`` records (default 256; read at
-import). Framework-neutral.
+import), one buffer per rank: where ranks are threads of one process (PyTorch's threaded
+process group) each reads and writes its own, as with one process per rank.
+Framework-neutral.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..mesh import this_rank
 from .context import Frame, OpFrame, RedistributeFrame, StepFrame, dtype_name
 
-__all__ = ["Record", "RECENT", "recent", "format_records", "DEFAULT_SIZE"]
+__all__ = ["Record", "RankRings", "RECENT", "recent", "format_records", "DEFAULT_SIZE"]
 
 DEFAULT_SIZE = 256
 
@@ -130,12 +133,41 @@ class Record:
     __repr__ = __str__
 
 
-#: the ring buffer (oldest first); appended by :func:`hyper_shard.flight.guard.collective`
-RECENT: deque[Record] = deque(maxlen=_size())
+class RankRings:
+    """One ring buffer of ``maxlen`` records per rank of this process (one buffer with one
+    rank per process); :meth:`append`, :meth:`clear`, iteration and ``len`` act on the
+    calling rank's (:func:`hyper_shard.mesh.this_rank`)."""
+
+    def __init__(self, maxlen: int) -> None:
+        self.maxlen = maxlen
+        self._rings: dict[int | None, deque[Record]] = {}
+
+    def _ring(self) -> deque[Record]:
+        rank = this_rank()
+        ring = self._rings.get(rank)
+        if ring is None:
+            ring = self._rings.setdefault(rank, deque(maxlen=self.maxlen))
+        return ring
+
+    def append(self, rec: Record) -> None:
+        self._ring().append(rec)
+
+    def clear(self) -> None:
+        self._ring().clear()
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(list(self._ring()))
+
+    def __len__(self) -> int:
+        return len(self._ring())
+
+
+#: the ring buffers (oldest first); appended by :func:`hyper_shard.flight.guard.collective`
+RECENT = RankRings(_size())
 
 
 def recent(last: int | None = None) -> list[Record]:
-    """The recorded collectives, oldest first (the last ``last`` if given)."""
+    """The calling rank's recorded collectives, oldest first (the last ``last`` if given)."""
     out = list(RECENT)
     return out if last is None else out[-last:] if last > 0 else []
 

@@ -30,6 +30,7 @@ from . import numel
 from .attention_layout import current_layout, positions
 
 if TYPE_CHECKING:
+    from ..mesh import DeviceMesh
     from ..platform.base import LocalOps, Runtime
 
 __all__ = ["ShardedSDPA", "math_attention"]
@@ -109,10 +110,12 @@ class ShardedSDPA:
         seq_shard: ``(n, coord, q_len, kv_len)`` when one mesh dim of ``n`` ranks shards
             the query's sequence (its coordinate, the global query and key lengths): the
             sequence layout applies (None: the plain offset).
+        mesh: the query's mesh (the dropout draw is shared by ranks that are threads).
     """
 
     __slots__ = (
-        "func", "binder", "plat", "query_offset", "attn_shape", "attn_box", "seq_shard", "_masks",
+        "func", "binder", "plat", "query_offset", "attn_shape", "attn_box", "seq_shard", "mesh",
+        "_masks",
     )  # fmt: skip
 
     def __init__(
@@ -124,8 +127,10 @@ class ShardedSDPA:
         attn_shape: Sequence[int],
         attn_box: tuple[Sequence[int], Sequence[int]],
         seq_shard: tuple[int, int, int, int] | None = None,
+        mesh: DeviceMesh | None = None,
     ) -> None:
         self.func = func
+        self.mesh = mesh
         self.binder = binder
         self.plat = plat
         self.query_offset = query_offset
@@ -200,7 +205,9 @@ class ShardedSDPA:
 
         def drop(attn: Any) -> Any:
             ones = plat.full(shape, 1, attn)
-            mask = get_rng_tracker().draw_shard(plat, lambda: plat.dropout(ones, p), *box)
+            mask = get_rng_tracker().draw_shard(
+                plat, lambda: plat.dropout(ones, p), *box, self.mesh
+            )
             return attn * mask
 
         return drop

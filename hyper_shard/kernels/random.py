@@ -24,6 +24,7 @@ from ..dispatch.op import Binder
 from ..random import get_rng_tracker
 
 if TYPE_CHECKING:
+    from ..mesh import DeviceMesh
     from ..platform.base import LocalOps, Runtime
 
 __all__ = ["GlobalDraw", "ShardedDropout"]
@@ -43,6 +44,7 @@ class GlobalDraw:
         no_grad: run the in-place copy outside autograd (``nn.init`` functions).
         from_values: the tensor is already the global tensor (a gathered probability
             tensor of ``bernoulli``): call the function on it directly.
+        mesh: the DTensor's mesh (the tracker draws once for ranks that are threads).
     """
 
     __slots__ = (
@@ -55,6 +57,7 @@ class GlobalDraw:
         "inplace",
         "no_grad",
         "from_values",
+        "mesh",
     )
 
     def __init__(
@@ -69,11 +72,13 @@ class GlobalDraw:
         inplace: bool,
         no_grad: bool = False,
         from_values: bool = False,
+        mesh: DeviceMesh | None = None,
     ) -> None:
         self.func, self.binder, self.role, self.plat = func, binder, role, plat
         self.global_shape = tuple(global_shape)
         self.box = (tuple(box[0]), tuple(box[1]))
         self.inplace, self.no_grad, self.from_values = inplace, no_grad, from_values
+        self.mesh = mesh
 
     def __repr__(self) -> str:
         name = getattr(self.func, "__name__", "draw")
@@ -96,7 +101,7 @@ class GlobalDraw:
             out = self.func(*a2, **k2)
             return full if self.inplace else out
 
-        box = get_rng_tracker().draw_shard(plat, draw, *self.box)
+        box = get_rng_tracker().draw_shard(plat, draw, *self.box, self.mesh)
         if self.inplace:
             return plat.assign(x, box, no_grad=self.no_grad)
         return plat.set_requires_grad(box) if rg else box
@@ -111,9 +116,10 @@ class ShardedDropout:
         plat: the Platform.
         global_shape: the input's global shape; box: this rank's ``(offset, local shape)``.
         inplace_call: the function itself is in-place (``torch.dropout_``).
+        mesh: the DTensor's mesh (the tracker draws once for ranks that are threads).
     """
 
-    __slots__ = ("func", "binder", "plat", "global_shape", "box", "inplace_call")
+    __slots__ = ("func", "binder", "plat", "global_shape", "box", "inplace_call", "mesh")
 
     def __init__(
         self,
@@ -123,11 +129,13 @@ class ShardedDropout:
         global_shape: Sequence[int],
         box: tuple[Sequence[int], Sequence[int]],
         inplace_call: bool,
+        mesh: DeviceMesh | None = None,
     ) -> None:
         self.func, self.binder, self.plat = func, binder, plat
         self.global_shape = tuple(global_shape)
         self.box = (tuple(box[0]), tuple(box[1]))
         self.inplace_call = inplace_call
+        self.mesh = mesh
 
     def __repr__(self) -> str:
         return (
@@ -147,5 +155,7 @@ class ShardedDropout:
         a2, k2 = b.replace(args, kwargs, "input", ones)
         if "inplace" in b.pos:  # F.dropout(..., inplace=True): draw on the ones out of place
             a2, k2 = b.replace(a2, k2, "inplace", False)
-        mask = get_rng_tracker().draw_shard(self.plat, lambda: self.func(*a2, **k2), *self.box)
+        mask = get_rng_tracker().draw_shard(
+            self.plat, lambda: self.func(*a2, **k2), *self.box, self.mesh
+        )
         return self.plat.inplace_mul(x, mask) if inplace else x * mask

@@ -24,8 +24,11 @@ _SPECS: dict[tuple, DTensorSpec] = {}
 _TARGETS: dict[tuple, DTensorSpec] = {}
 #: specs whose placements are all Shard (their conversions need no backward node)
 _ALL_SHARD: set[DTensorSpec] = set()
-#: the last wrap: (local, version, grad enabled, mesh, placements, DTensor)
-_LAST: list[tuple | None] = [None]
+#: the last wrap of each rank (one entry with one rank per process; ranks that are threads
+#: of one process each keep their own, so each reuses exactly as a process would and the
+#: ranks' backward collectives stay the same): rank -> (local, version, grad enabled, mesh,
+#: placements, DTensor)
+_LAST: dict[int, tuple | None] = {}
 
 
 def normalize_layout(
@@ -77,7 +80,7 @@ def from_local_even(
         version = getattr(local, "_version", None)
     except RuntimeError:
         version = None
-    last = _LAST[0] if dim_size is None else None
+    last = _LAST.get(mesh._rank) if dim_size is None else None
     if (
         last is not None
         and last[0] is local
@@ -124,7 +127,9 @@ def from_local_even(
             spec,
         )
     if dim_size is None:
-        _LAST[0] = (local, version, grad, mesh, placements, out) if version is not None else None
+        _LAST[mesh._rank] = (
+            (local, version, grad, mesh, placements, out) if version is not None else None
+        )
     return out
 
 

@@ -134,6 +134,21 @@ class Comm(Protocol):
     def get_world_size(self) -> int:
         unimplemented(self, "get_world_size")
 
+    def world_id(self) -> Any:
+        """A hashable id of the calling rank's current world (its default process group):
+        it differs after the world is destroyed and made again, so a mesh built in the new
+        world is another mesh than an equal one of the old (whose process groups are gone)
+        and no cached decision or plan carries the old one's groups. Default None (a world
+        that lives as long as the process)."""
+        return None
+
+    def ranks_are_threads(self) -> bool:
+        """True when the ranks of the world are threads of this process sharing its
+        generator (PyTorch's threaded process group, a simulated platform): the RNG tracker
+        then draws each random op once for them all (:mod:`hyper_shard.random`). Default
+        False (one rank per process)."""
+        return False
+
     def new_group(self, ranks: Sequence[int], timeout: Any = None) -> Any:
         """Create a process group over ``ranks`` (called by every rank, in the same order)
         whose collectives fail after ``timeout`` where the backend supports one."""

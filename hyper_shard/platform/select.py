@@ -42,7 +42,8 @@ def _load(name: str) -> Platform:
             raise ValueError(f"unknown platform {name!r}: {e.args[0]}") from None
         if factory is None:
             raise ValueError(f"platform {name!r} declares no Platform (PlatformBindings.platform)")
-        plat = _INSTANCES[name] = factory()
+        # threads (ranks as threads) may race here: the first instance stored is the one
+        plat = _INSTANCES.setdefault(name, factory())
     return plat
 
 

@@ -44,8 +44,10 @@ __all__ = [
 _R = Replicate()
 _SUM = Partial("sum")
 
-#: active step counters (see :func:`hyper_shard.debug.comm_counter`)
-COUNTERS: list[dict[str, int]] = []
+#: active step counters (see :func:`hyper_shard.debug.comm_counter`): ``(rank, counts)``,
+#: each counting the steps of that rank only (ranks may be threads of one process; None:
+#: every rank)
+COUNTERS: list[tuple[int | None, dict[str, int]]] = []
 
 
 # ---------------------------------------------------------------------- geometry helpers
@@ -182,8 +184,10 @@ def run_step(
     counting it in every active :func:`~hyper_shard.debug.comm_counter`. A collective step
     runs inside a :class:`~hyper_shard.flight.context.StepFrame`."""
     if COUNTERS:
-        for counter in COUNTERS:
-            counter[kind] = counter.get(kind, 0) + 1
+        me = spec.mesh.get_rank()
+        for rank, counter in COUNTERS:
+            if rank is None or rank == me:
+                counter[kind] = counter.get(kind, 0) + 1
     run = RUNNERS[kind]
     if not STEPS[kind].collective:
         return run(plat, t, spec, state, m, src, dst)

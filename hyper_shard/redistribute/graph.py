@@ -16,6 +16,7 @@ import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
+from contextlib import suppress
 
 from ..placement import Partial, Placement, Replicate, Shard
 from .cost import CostModel
@@ -258,7 +259,8 @@ def graph_for(
         cls = OrderedPlacementGraph if ordered else PlacementGraph
         g = _GRAPHS[key] = cls(shape, mesh_shape, itemsize, ops, cost_model)
         if len(_GRAPHS) > _MAX_GRAPHS:
-            _GRAPHS.popitem(last=False)
+            with suppress(KeyError):  # emptied meanwhile by another thread
+                _GRAPHS.popitem(last=False)
     return g
 
 

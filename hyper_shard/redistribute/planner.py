@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,7 +169,8 @@ def plan_redistribute(
     plan = _PLAN_CACHE.get(key)
     if plan is not None:
         _stats["hits"] += 1
-        _PLAN_CACHE.move_to_end(key)
+        with suppress(KeyError):  # evicted meanwhile by another thread
+            _PLAN_CACHE.move_to_end(key)
         local_cache[raw] = plan
         return plan
     _stats["misses"] += 1
@@ -188,7 +190,8 @@ def plan_redistribute(
     _PLAN_CACHE[key] = plan
     local_cache[raw] = plan
     if len(_PLAN_CACHE) > _PLAN_CACHE_MAX:
-        _PLAN_CACHE.popitem(last=False)
+        with suppress(KeyError):  # emptied meanwhile by another thread
+            _PLAN_CACHE.popitem(last=False)
     return plan
 
 

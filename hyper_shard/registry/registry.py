@@ -7,6 +7,7 @@ in use, and only then replaces the registry and clears the dispatcher's caches.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -68,8 +69,8 @@ class Registry:
             OpSpecError: whatever ``build`` raises for a name the platform does not have.
         """
         b = self._bindings.get(platform)
-        if b is None:
-            b = self._bindings[platform] = build(self)
+        if b is None:  # threads racing here keep the first table stored
+            b = self._bindings.setdefault(platform, build(self))
         return b
 
     def __contains__(self, name: str) -> bool:
@@ -83,6 +84,7 @@ class Registry:
 
 
 _REGISTRY: Registry | None = None
+_BUILDING = threading.RLock()
 _EXTRA: list[Path] = []
 #: entries made in the program (register_sharding), kept across reloads
 _RUNTIME: list[LoadedEntry] = []
@@ -97,7 +99,9 @@ def get_registry() -> Registry:
     """
     global _REGISTRY
     if _REGISTRY is None:
-        _REGISTRY = Registry(load_all(_EXTRA, _RUNTIME))
+        with _BUILDING:  # one build when threads (ranks as threads) ask at once
+            if _REGISTRY is None:
+                _REGISTRY = Registry(load_all(_EXTRA, _RUNTIME))
     return _REGISTRY
 
 

@@ -208,14 +208,17 @@ class AttentionOp(DistributedOp):
     # -- local kernel ------------------------------------------------------------------
     def expand_impl(self, call: OpCall, layout: Layout) -> Layout:
         out_pl = layout.outputs[0]
+        mesh = call.mesh
+        dropout = float(call.static.get("dropout_p") or 0.0)
+        # ranks that are threads share one generator: a replicated dropout draws once too
+        threads = dropout > 0.0 and not mesh.is_abstract and mesh.platform.ranks_are_threads()
         if (
             out_pl is None
-            or all(type(p) is Replicate for p in out_pl)
-            or call.mesh.get_coordinate() is None
+            or (all(type(p) is Replicate for p in out_pl) and not threads)
+            or mesh.get_coordinate() is None
         ):
             return layout
         idx = self._index(call)
-        mesh = call.mesh
         coord = mesh.get_coordinate()
         q = call.specs[idx["query"]]
         qt = layout.inputs[idx["query"]]
@@ -236,11 +239,17 @@ class AttentionOp(DistributedOp):
         op = normalize_placements(out_pl, mesh.ndim, len(shape))
         ls, off = compute_local_shape_and_offset(shape, mesh.shape, op, coord)
         box = ((*off[:-1], 0), (*ls[:-1], S))
-        dropout = float(call.static.get("dropout_p") or 0.0)
         empty = any(n == 0 for n in ls)
         if q_off is None and dropout <= 0.0 and not empty:
             return layout  # the plain local kernel is exact
         layout.impl = ShardedSDPA(
-            call.func, call.binder or self.binder, call.platform, q_off, attn_shape, box, seq_shard
+            call.func,
+            call.binder or self.binder,
+            call.platform,
+            q_off,
+            attn_shape,
+            box,
+            seq_shard,
+            mesh,
         )
         return layout

@@ -34,7 +34,7 @@ Semantics follow the functions named in ``op_specs/random.yaml``.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..errors import ShardingError
@@ -43,6 +43,9 @@ from ..placement import Partial, Placement, Replicate, Shard
 from ..registry.models import RuleParams
 from ..spec import DTensorSpec, TensorMeta, contiguous_stride
 from . import register_rule
+
+if TYPE_CHECKING:
+    from ..mesh import DeviceMesh
 
 __all__ = ["RandomOp", "RandomParams"]
 
@@ -116,7 +119,9 @@ class RandomOp(DistributedOp):
             inputs[0] = (_R,) * n
         layout = Layout(inputs, [out], [spec.shape])
         coord = mesh.get_coordinate()
-        if not any(type(p) is Shard for p in out) or coord is None:
+        if coord is None or not (
+            any(type(p) is Shard for p in out) or _threads(mesh)  # threads share a generator
+        ):
             return layout
         # the output's shard order is the input's where its shards stay (dispatch/order.py);
         # gathered probabilities (values) give a left-to-right output
@@ -127,7 +132,9 @@ class RandomOp(DistributedOp):
         binder = call.binder or self.binder
         plat = call.platform
         if mode == "dropout":
-            layout.impl = ShardedDropout(call.func, binder, plat, spec.shape, box, call.inplace)
+            layout.impl = ShardedDropout(
+                call.func, binder, plat, spec.shape, box, call.inplace, mesh
+            )
         else:
             layout.impl = GlobalDraw(
                 call.func,
@@ -139,6 +146,7 @@ class RandomOp(DistributedOp):
                 inplace=mode == "inplace",
                 no_grad=self.params.no_grad,
                 from_values=values,
+                mesh=mesh,
             )
         return layout
 
@@ -154,7 +162,7 @@ class RandomOp(DistributedOp):
         mesh = call.mesh
         layout = Layout([(_R,) * mesh.ndim], [out], [shape])
         coord = mesh.get_coordinate()
-        if not any(type(p) is Shard for p in out) or coord is None:
+        if coord is None or not (any(type(p) is Shard for p in out) or _threads(mesh)):
             return layout
         meta = TensorMeta(shape, contiguous_stride(shape), spec.dtype, spec.tensor_meta.itemsize)
         ls, off = DTensorSpec(mesh, out, meta).local_shape_and_offset(coord)
@@ -167,5 +175,12 @@ class RandomOp(DistributedOp):
             (off, ls),
             inplace=False,
             from_values=True,
+            mesh=mesh,
         )
         return layout
+
+
+def _threads(mesh: DeviceMesh) -> bool:
+    """The mesh's ranks are threads of this process sharing one generator: even an
+    unsharded draw runs in the tracker, once for them all (:mod:`hyper_shard.random`)."""
+    return not mesh.is_abstract and mesh.platform.ranks_are_threads()

@@ -2,9 +2,9 @@
 dispatcher (the one neutral :class:`~hyper_shard.dispatch.dispatcher.Dispatcher`, with the
 sim's hooks).
 
-Every rank is a thread of one process, so what a real process holds once per rank is held
-per thread here: each thread binds the resolved names to :class:`BoundOp` objects of its
-own, whose ids key the (process-wide) layout cache, so the ranks' decisions stay apart.
+Every rank is a thread of one process; one binding table serves them all, as on torch:
+hyper_shard keys its layout cache on the ranks' meshes, whose identity holds the rank
+(docs/architecture.md, "Ranks as threads"), so the ranks' decisions stay apart.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from hyper_shard.dispatch.dispatcher import Dispatcher
 from hyper_shard.dispatch.op import BoundOp, Decision
 from hyper_shard.registry.platforms import resolve_all
-from hyper_shard.registry.registry import Registry, get_registry
+from hyper_shard.registry.registry import RELOAD_HOOKS, Registry, get_registry
 
 from .platform import KEY
 from .tensor import FUNCTIONS, METHODS, SimDTensor, SimOp
@@ -62,7 +62,7 @@ def _is_dtensor(x: Any) -> bool:
     return isinstance(x, SimDTensor)
 
 
-def _thread_table(resolved: list[tuple[Any, str, SimOp]]) -> dict[SimOp, BoundOp]:
+def _table(resolved: list[tuple[Any, str, SimOp]]) -> dict[SimOp, BoundOp]:
     table = {}
     for e, n, op in resolved:
         inplace, reflected = _flags(n)
@@ -79,20 +79,29 @@ def _thread_table(resolved: list[tuple[Any, str, SimOp]]) -> dict[SimOp, BoundOp
     return table
 
 
-_TL = threading.local()
+#: the table of the registry it was built from (one object, swapped whole on a reload)
+_BOUND: list[tuple[Any, dict[SimOp, BoundOp]]] = [(None, {})]
+_FILLING = threading.Lock()
 
 
 def _bound_of(func: Any) -> BoundOp | None:
-    table = getattr(_TL, "table", None)
-    return None if table is None else table.get(func)
+    return _BOUND[0][1].get(func)
 
 
 def _lookup(func: Any) -> BoundOp | None:
     reg = get_registry()
-    if getattr(_TL, "registry", None) is not reg:
-        _TL.table = _thread_table(reg.binding(KEY, build_sim_table))
-        _TL.registry = reg
-    return _TL.table.get(func)
+    if _BOUND[0][0] is not reg:
+        with _FILLING:  # the rank threads build it once
+            if _BOUND[0][0] is not reg:
+                _BOUND[0] = (reg, _table(reg.binding(KEY, build_sim_table)))
+    return _BOUND[0][1].get(func)
+
+
+def _on_reload(reg: Registry) -> None:
+    _BOUND[0] = (None, {})
+
+
+RELOAD_HOOKS.append(_on_reload)
 
 
 def _local(a: Any) -> Any:

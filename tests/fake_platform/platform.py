@@ -87,6 +87,13 @@ class SimPlatform(Platform):
     def get_rank(self) -> int:
         return WORLD.rank
 
+    def world_id(self) -> int:
+        """The world (one :func:`.runner.run_ranks` call) this rank thread runs in."""
+        return id(WORLD.exchange)
+
+    def ranks_are_threads(self) -> bool:
+        return True
+
     def get_world_size(self) -> int:
         assert WORLD.exchange is not None
         return WORLD.exchange.world

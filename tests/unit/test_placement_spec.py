@@ -65,7 +65,10 @@ def test_mesh_queries():
     assert sub.mesh == [3, 4, 5] and sub.get_coordinate() == (1,)
     assert mesh["dp"].mesh == [1, 4]
     assert mesh[("tp", "dp")].mesh == [[0, 3], [1, 4], [2, 5]]
-    assert mesh == DeviceMesh.abstract((2, 3), ("dp", "tp"))
+    assert mesh == DeviceMesh.abstract((2, 3), ("dp", "tp"), rank=4)
+    # the rank holding a mesh is part of its identity (ranks may be threads of one process:
+    # docs/architecture.md, "Ranks as threads")
+    assert mesh != DeviceMesh.abstract((2, 3), ("dp", "tp"))
     with pytest.raises(KeyError, match="has dims"):
         mesh["pp"]
     with pytest.raises(RuntimeError, match="abstract"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 import weakref
@@ -77,6 +78,9 @@ class TorchGroup(GroupRanks):
 
 #: torch DeviceMesh -> the hyper_shard mesh built from it (weakly keyed by the torch mesh)
 _CONVERTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: default process group -> its generation (:meth:`TorchPlatform.world_id`)
+_WORLDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_WORLD_IDS = itertools.count(1)
 
 
 class _Custom(torch.autograd.Function):
@@ -184,6 +188,21 @@ class TorchPlatform(Platform):
 
     def get_world_size(self) -> int:
         return dist.get_world_size()
+
+    def world_id(self) -> int:
+        """The generation of the calling rank's default process group (each
+        ``init_process_group`` makes a new one; under the threaded process group each rank
+        thread has its own): 0 before any."""
+        pg = dist.group.WORLD if dist.is_initialized() else None
+        if pg is None:
+            return 0
+        wid = _WORLDS.get(pg)
+        return wid if wid is not None else _WORLDS.setdefault(pg, next(_WORLD_IDS))
+
+    def ranks_are_threads(self) -> bool:
+        """True under PyTorch's threaded process group (one thread per rank, as its
+        ``MultiThreadedTestCase`` runs them)."""
+        return bool(dist.is_initialized() and dist.get_backend() == "threaded")
 
     def foreign_mesh(self, mesh: Any) -> Any:
         """A ``torch.distributed.device_mesh.DeviceMesh`` as a hyper_shard DeviceMesh over the

@@ -9,6 +9,7 @@ are in-place, ``__radd__``-style ones reflected.
 
 from __future__ import annotations
 
+import threading
 import types
 from typing import Any
 
@@ -84,13 +85,19 @@ _TABLE: dict[Any, BoundOp] = {}  # function -> BoundOp; one dict, refilled on re
 _TABLE_OF: list[Registry | None] = [None]
 
 
+_FILLING = threading.Lock()
+
+
 def _lookup(func: Any) -> BoundOp | None:
     reg = get_registry()
     if _TABLE_OF[0] is not reg:
-        table = reg.binding(KEY, build_torch_table)
-        _TABLE.clear()
-        _TABLE.update(table)
-        _TABLE_OF[0] = reg
+        with _FILLING:  # threads (ranks as threads) never see a half-filled table
+            if _TABLE_OF[0] is not reg:
+                table = reg.binding(KEY, build_torch_table)
+                for gone in set(_TABLE) - set(table):
+                    _TABLE.pop(gone, None)
+                _TABLE.update(table)
+                _TABLE_OF[0] = reg
     bound = _TABLE.get(func)
     if bound is None:
         bound = _bind_aten(func)
