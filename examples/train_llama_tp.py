@@ -141,12 +141,14 @@ def sync(device: torch.device) -> None:
 def parallelize(args: argparse.Namespace, model: torch.nn.Module, device: torch.device) -> Any:
     """Tensor parallelism on ``mesh["tp"]`` (when ``--tp`` > 1), then FSDP units on
     ``mesh["dp"]`` (each decoder layer, then the root; when ``--dp`` > 1). Returns the
-    mesh: ``("tp",)`` alone, else ``("dp", "tp")``."""
+    mesh: ``("tp",)`` alone, else ``("dp", "tp")``; ``("dp", "cp", "tp")`` with ``--cp``
+    (FSDP units then on ``dp x cp``)."""
     from hyper_shard import Replicate, Shard, init_device_mesh
     from hyper_shard import parallel as hp
 
     if getattr(args, "moe", 0):  # experts, FSDP and TP: examples/moe_common.py
         return parallelize_moe(args, model, device.type)
+    args.cp = getattr(args, "cp", None) or 1  # a caller's own Namespace may not have it
     if args.cp > 1:  # ("dp", "cp", "tp"); FSDP over dp x cp (each rank a share of the tokens)
         dims = (args.dp, args.cp, args.tp)
         mesh = init_device_mesh(device.type, dims, mesh_dim_names=("dp", "cp", "tp"))
@@ -190,6 +192,7 @@ def train_tp(args: argparse.Namespace, data: torch.Tensor, device: torch.device)
     resolve_layout(args, world)
     model = build_model(args).to(device)
     mesh = parallelize(args, model, device)
+    args.cp = getattr(args, "cp", None) or 1
     fwd = compiled(args, model)
     dp_rank = mesh["dp"].get_local_rank() if args.dp > 1 else 0
     dp_group = mesh["dp"].get_group() if args.dp > 1 else None
