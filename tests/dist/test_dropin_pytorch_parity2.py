@@ -20,7 +20,9 @@ pytestmark = pytest.mark.multiproc
 
 def check_parity2(rank, world):
     """test_redistribute's ``test_one_chunk_mesh``: redistributions over a size-1 mesh dim
-    (Shard/Replicate/Partial to Shard/Replicate) communicate nothing."""
+    (Shard/Replicate/Partial to Shard/Replicate) communicate nothing. test_dtensor_compile's
+    ``test_tp_compile_fullgraph(use_ca=True)``: a compiled TP MLP's backward under compiled
+    autograd gives eager's gradients."""
 
     def one_chunk(L):
         mesh = L.mesh((world, 1))
@@ -36,6 +38,26 @@ def check_parity2(rank, world):
         return out
 
     _both(one_chunk, "redistribute over a size-1 mesh dim")
+
+    def compiled_autograd_tp(L):
+        # test_dtensor_compile's test_tp_compile_fullgraph(use_ca=True): a TP MLP compiled
+        # (aot_eager), its backward run by compiled autograd; the gradients are eager's
+        import torch._dynamo.compiled_autograd as ca
+
+        P = _m(L).parallel
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+        model = P.parallelize_module(
+            model, L.mesh((world,)), {"0": P.ColwiseParallel(), "2": P.RowwiseParallel()}
+        )
+        inp = torch.rand(4, 8, generator=torch.Generator().manual_seed(1))
+        torch._dynamo.reset()
+        out = torch.compile(model, backend="aot_eager", fullgraph=True)(inp)
+        with ca._enable(torch.compile(backend="aot_eager")):
+            out.sum().backward()
+        return [out, *(p.grad.full_tensor() for p in model.parameters())]
+
+    _both(compiled_autograd_tp, "TP MLP backward under compiled autograd")
     return _done()
 
 
