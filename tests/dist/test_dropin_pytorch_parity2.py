@@ -12,8 +12,11 @@ import itertools
 import pytest
 import torch
 
-from .test_dropin_pytorch_more import _counts, _m
-from .test_dropin_pytorch_ops import _both, _done
+import hyper_shard as hs
+
+from .test_dropin_pytorch_more import _counts, _m, _r
+from .test_dropin_pytorch_ops import _FAILS, _both, _done
+from .test_dropin_pytorch_tests import _lib
 
 pytestmark = pytest.mark.multiproc
 
@@ -22,7 +25,8 @@ def check_parity2(rank, world):
     """test_redistribute's ``test_one_chunk_mesh``: redistributions over a size-1 mesh dim
     (Shard/Replicate/Partial to Shard/Replicate) communicate nothing. test_dtensor_compile's
     ``test_tp_compile_fullgraph(use_ca=True)``: a compiled TP MLP's backward under compiled
-    autograd gives eager's gradients."""
+    autograd gives eager's gradients. test_view_ops' ``test_storage_offset_*``: shards own
+    their memory, so slices report torch's storage offsets."""
 
     def one_chunk(L):
         mesh = L.mesh((world, 1))
@@ -56,6 +60,34 @@ def check_parity2(rank, world):
         with ca._enable(torch.compile(backend="aot_eager")):
             out.sum().backward()
         return [out, *(p.grad.full_tensor() for p in model.parameters())]
+
+    def storage_offsets(L):
+        # test_view_ops' test_storage_offset_*: a shard made by distribute_tensor / rand owns
+        # its memory (not a view of the whole tensor), so a slice's storage offset is torch's
+        mesh = L.mesh((world,))
+        out = []
+        for shape, pl, idx in (
+            ((12, 8), L.Shard(0), (slice(None), slice(2, None))),
+            ((10, 12), L.Shard(1), (slice(2, None), slice(None))),
+        ):
+            d = L.distribute_tensor(_r(*shape), mesh, [pl])
+            s = d[idx]
+            out += [
+                s,
+                s.storage_offset(),
+                s.to_local().storage_offset(),
+                d.to_local().untyped_storage().nbytes(),
+            ]
+        return out
+
+    _both(storage_offsets, "storage offsets of slices of distributed shards")
+    # torch 2.13's rand on a CPU mesh raises AssertionError; hyper_shard's shard of the draw
+    # owns its memory as distribute_tensor's does
+    r = hs.rand(12, 8, device_mesh=_lib("hs").mesh((world,)), placements=[hs.Shard(0)])
+    if r.to_local().untyped_storage().nbytes() != r.to_local().numel() * 4:
+        _FAILS.append(
+            f"hs.rand's Shard(0) local tensor holds {r.to_local().untyped_storage().nbytes()} bytes"
+        )
 
     _both(compiled_autograd_tp, "TP MLP backward under compiled autograd")
     return _done()
