@@ -26,7 +26,8 @@ def check_parity2(rank, world):
     (Shard/Replicate/Partial to Shard/Replicate) communicate nothing. test_dtensor_compile's
     ``test_tp_compile_fullgraph(use_ca=True)``: a compiled TP MLP's backward under compiled
     autograd gives eager's gradients. test_view_ops' ``test_storage_offset_*``: shards own
-    their memory, so slices report torch's storage offsets."""
+    their memory, so slices report torch's storage offsets; ``test_squeeze_``: aten's in-place
+    view overloads (``aten.squeeze_.dim``...) work on DTensors."""
 
     def one_chunk(L):
         mesh = L.mesh((world, 1))
@@ -88,6 +89,22 @@ def check_parity2(rank, world):
         _FAILS.append(
             f"hs.rand's Shard(0) local tensor holds {r.to_local().untyped_storage().nbytes()} bytes"
         )
+
+    def aten_inplace_views(L):
+        # test_view_ops' test_squeeze_: aten's in-place view overloads on DTensors
+        mesh2 = L.mesh((2, world // 2), ("a", "b"))
+        d = L.DTensor.from_local(_r(1, 4, seed=rank), mesh2, [L.Partial(), L.Shard(1)])
+        r = torch.ops.aten.squeeze_.dim(d, 0)
+        return [r is d, d, d.stride()]
+
+    _both(aten_inplace_views, "aten in-place view overloads")
+    # torch 2.13 has no strategy for the other aten in-place views; hyper_shard's equal
+    # plain torch's on the global tensor
+    z = hs.distribute_tensor(_r(2, 4, 6), _lib("hs").mesh((world,)), [hs.Shard(0)])
+    torch.ops.aten.transpose_.default(z, 0, 2)
+    torch.ops.aten.unsqueeze_.default(z, 1)
+    if not torch.equal(z.full_tensor(), _r(2, 4, 6).transpose(0, 2).unsqueeze(1)):
+        _FAILS.append("aten.transpose_/unsqueeze_ of a DTensor differ from torch's")
 
     _both(compiled_autograd_tp, "TP MLP backward under compiled autograd")
     return _done()
