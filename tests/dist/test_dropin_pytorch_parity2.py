@@ -27,7 +27,8 @@ def check_parity2(rank, world):
     ``test_tp_compile_fullgraph(use_ca=True)``: a compiled TP MLP's backward under compiled
     autograd gives eager's gradients. test_view_ops' ``test_storage_offset_*``: shards own
     their memory, so slices report torch's storage offsets; ``test_squeeze_``: aten's in-place
-    view overloads (``aten.squeeze_.dim``...) work on DTensors."""
+    view overloads (``aten.squeeze_.dim``...) work on DTensors; test_math_ops' powsum and
+    ``_foreach_max`` tests: torch 2.13's new reductions shard."""
 
     def one_chunk(L):
         mesh = L.mesh((world, 1))
@@ -105,6 +106,23 @@ def check_parity2(rank, world):
     torch.ops.aten.unsqueeze_.default(z, 1)
     if not torch.equal(z.full_tensor(), _r(2, 4, 6).transpose(0, 2).unsqueeze(1)):
         _FAILS.append("aten.transpose_/unsqueeze_ of a DTensor differ from torch's")
+
+    def powsum_foreach_max(L):
+        # test_math_ops' test_powsum_sharded, test_foreach_powsum_sharded,
+        # test_foreach_compose: torch 2.13's new reductions on shards (the foreach results
+        # compared as global values: hyper_shard's are Replicate, torch's Partial(sum))
+        mesh = L.mesh((world,))
+        g0, g1 = _r(12, 8, seed=1), _r(8, 8, seed=2)
+        d0, d1 = (L.distribute_tensor(g, mesh, [L.Shard(0)]) for g in (g0, g1))
+        out = []
+        for o in (1, 2, 3):
+            out.append(torch.ops.aten.linalg__powsum(d0, o))
+            out += [x.full_tensor() for x in torch.ops.aten._foreach_powsum([d0, d1], o)]
+        out.append(torch.linalg._powsum(d0, 2, dim=1))
+        out += [x.full_tensor() for x in torch._foreach_max(torch._foreach_abs((d0, d1)))]
+        return out
+
+    _both(powsum_foreach_max, "linalg._powsum / _foreach_powsum / _foreach_max")
 
     _both(compiled_autograd_tp, "TP MLP backward under compiled autograd")
     return _done()
