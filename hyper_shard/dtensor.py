@@ -29,7 +29,12 @@ from .placement import (
     normalize_placements,
     strided_shard_order,
 )
-from .redistribute.executor import execute_plan, redistribute_local, redistribute_with_plan
+from .redistribute.executor import (
+    COUNTERS,
+    execute_plan,
+    redistribute_local,
+    redistribute_with_plan,
+)
 from .redistribute.planner import plan_redistribute
 from .spec import DTensorSpec
 
@@ -594,6 +599,8 @@ def distribute_tensor(
             for m in range(device_mesh.ndim):
                 if device_mesh.shape[m] > 1:
                     full = plat.broadcast(full, src_coord[m], device_mesh._group(m))
+                    for counter in COUNTERS:  # hyper_shard.debug.comm_counter / CommDebugMode
+                        counter["broadcast"] = counter.get("broadcast", 0) + 1
         finally:
             frames.pop()
     local = plat.contiguous(

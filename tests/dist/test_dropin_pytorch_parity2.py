@@ -8,6 +8,7 @@ communication counts, errors). One pool call per world size."""
 from __future__ import annotations
 
 import itertools
+from copy import deepcopy
 
 import pytest
 import torch
@@ -28,7 +29,8 @@ def check_parity2(rank, world):
     autograd gives eager's gradients. test_view_ops' ``test_storage_offset_*``: shards own
     their memory, so slices report torch's storage offsets; ``test_squeeze_``: aten's in-place
     view overloads (``aten.squeeze_.dim``...) work on DTensors; test_math_ops' powsum and
-    ``_foreach_max`` tests: torch 2.13's new reductions shard."""
+    ``_foreach_max`` tests: torch 2.13's new reductions shard; test_parallelize_api's
+    ``src_data_rank`` test: the parameters' broadcast is counted."""
 
     def one_chunk(L):
         mesh = L.mesh((world, 1))
@@ -123,6 +125,25 @@ def check_parity2(rank, world):
         return out
 
     _both(powsum_foreach_max, "linalg._powsum / _foreach_powsum / _foreach_max")
+
+    def src_data_rank(L):
+        # test_parallelize_api's test_parallelize_module_src_data_rank: parameters taken from
+        # src_data_rank=1 communicate (counted), src_data_rank=None does not
+        P = _m(L).parallel
+        torch.manual_seed(rank)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+        plan = {"0": P.ColwiseParallel(), "2": P.RowwiseParallel()}
+        with _m(L).debug.CommDebugMode() as cm:
+            tp = P.parallelize_module(deepcopy(model), L.mesh((world,)), plan, src_data_rank=1)
+        with _m(L).debug.CommDebugMode() as cm_none:
+            P.parallelize_module(deepcopy(model), L.mesh((world,)), plan, src_data_rank=None)
+        return [
+            cm.get_total_counts() > 0,
+            cm_none.get_total_counts(),
+            *(p.full_tensor() for p in tp.parameters()),
+        ]
+
+    _both(src_data_rank, "parallelize_module(src_data_rank=)")
 
     _both(compiled_autograd_tp, "TP MLP backward under compiled autograd")
     return _done()
