@@ -30,7 +30,8 @@ def check_parity2(rank, world):
     their memory, so slices report torch's storage offsets; ``test_squeeze_``: aten's in-place
     view overloads (``aten.squeeze_.dim``...) work on DTensors; test_math_ops' powsum and
     ``_foreach_max`` tests: torch 2.13's new reductions shard; test_parallelize_api's
-    ``src_data_rank`` test: the parameters' broadcast is counted."""
+    ``src_data_rank`` test: the parameters' broadcast is counted; test_dtensor_ops'
+    ``conv_transpose3d`` sample: unbatched convolutions with an empty channel shard."""
 
     def one_chunk(L):
         mesh = L.mesh((world, 1))
@@ -144,6 +145,28 @@ def check_parity2(rank, world):
         ]
 
     _both(src_data_rank, "parallelize_module(src_data_rank=)")
+
+    # test_dtensor_ops' conv_transpose3d sample: an unbatched input whose channel dim (3) is
+    # smaller than the mesh, sharded on it (rank 3's shard is empty) or on a spatial dim;
+    # values and gradients are plain torch's (rank 3 used to add the bias on the wrong dim
+    # and raise, hanging the others)
+    F = torch.nn.functional
+    mesh = _lib("hs").mesh((world,))
+    for conv, wshape in ((F.conv_transpose3d, (3, 3, 3, 3, 3)), (F.conv3d, (3, 3, 3, 3, 3))):
+        x, w, b = _r(3, 4, 4, 4, seed=5), _r(*wshape, seed=6), _r(3, seed=7)
+        for pl in (hs.Shard(0), hs.Shard(1)):
+            dx = hs.distribute_tensor(x.clone().requires_grad_(), mesh, [pl])
+            dw = hs.distribute_tensor(w.clone().requires_grad_(), mesh, [hs.Replicate()])
+            y = conv(dx, dw, hs.distribute_tensor(b, mesh, [hs.Replicate()]))
+            y.sum().backward()
+            xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+            yr = conv(xr, wr, b)
+            yr.sum().backward()
+            got = (y.full_tensor(), dx.grad.full_tensor(), dw.grad.full_tensor())
+            if not all(
+                torch.allclose(g, e, atol=1e-4) for g, e in zip(got, (yr, xr.grad, wr.grad))
+            ):
+                _FAILS.append(f"unbatched {conv.__name__} on {pl}: values or gradients differ")
 
     _both(compiled_autograd_tp, "TP MLP backward under compiled autograd")
     return _done()
