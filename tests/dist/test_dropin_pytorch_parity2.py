@@ -31,7 +31,8 @@ def check_parity2(rank, world):
     view overloads (``aten.squeeze_.dim``...) work on DTensors; test_math_ops' powsum and
     ``_foreach_max`` tests: torch 2.13's new reductions shard; test_parallelize_api's
     ``src_data_rank`` test: the parameters' broadcast is counted; test_dtensor_ops'
-    ``conv_transpose3d`` sample: unbatched convolutions with an empty channel shard."""
+    ``conv_transpose3d`` sample: unbatched convolutions with an empty channel shard, and its
+    ``linalg.cond`` sample."""
 
     def one_chunk(L):
         mesh = L.mesh((world, 1))
@@ -167,6 +168,15 @@ def check_parity2(rank, world):
                 torch.allclose(g, e, atol=1e-4) for g, e in zip(got, (yr, xr.grad, wr.grad))
             ):
                 _FAILS.append(f"unbatched {conv.__name__} on {pl}: values or gradients differ")
+
+    # test_dtensor_ops' linalg.cond sample: one number per matrix (torch 2.13 raises on
+    # batched inputs for most p: compared with plain torch)
+    A = _r(4, 6, 6, seed=8).double()
+    for pl in (hs.Shard(0), hs.Shard(1), hs.Replicate()):
+        for p in (None, "fro", 1):
+            got = torch.linalg.cond(hs.distribute_tensor(A, _lib("hs").mesh((world,)), [pl]), p)
+            if not torch.allclose(got.full_tensor(), torch.linalg.cond(A, p)):
+                _FAILS.append(f"linalg.cond(p={p}) on {pl} differs from torch's")
 
     _both(compiled_autograd_tp, "TP MLP backward under compiled autograd")
     return _done()
