@@ -32,7 +32,8 @@ def check_parity2(rank, world):
     ``_foreach_max`` tests: torch 2.13's new reductions shard; test_parallelize_api's
     ``src_data_rank`` test: the parameters' broadcast is counted; test_dtensor_ops'
     ``conv_transpose3d`` sample: unbatched convolutions with an empty channel shard, and its
-    ``linalg.cond`` sample."""
+    ``linalg.cond`` sample; test_dtensor_compile's dynamic-shape tests run after others in
+    one process (a ``mark_dynamic`` DTensor whose layout a region saw before)."""
 
     def one_chunk(L):
         mesh = L.mesh((world, 1))
@@ -177,6 +178,35 @@ def check_parity2(rank, world):
             got = torch.linalg.cond(hs.distribute_tensor(A, _lib("hs").mesh((world,)), [pl]), p)
             if not torch.allclose(got.full_tensor(), torch.linalg.cond(A, p)):
                 _FAILS.append(f"linalg.cond(p={p}) on {pl} differs from torch's")
+
+    def dynamic_after_static(L):
+        # test_dtensor_compile's test_dtensor_basic then test_dtensor_dynamic_recompiles in
+        # one process: a region over a layout, then a new region over a mark_dynamic DTensor
+        # of that layout (its decision from the layout cache) gives eager's local result
+        mesh = L.mesh((world,))
+        torch._dynamo.reset()
+
+        @torch.compile(backend="aot_eager", fullgraph=True)
+        def g(x):
+            return x * x + 2
+
+        @torch.compile(backend="aot_eager", fullgraph=True)
+        def f(x):
+            return (x * x).to_local()
+
+        out = []
+        for shape in ((4, 4), (6, 8)):
+            p = _r(*shape, seed=rank).requires_grad_()
+            x = L.DTensor.from_local(p, mesh, [L.Shard(0)], run_check=False)
+            out.append(g(x).to_local())
+            torch._dynamo.mark_dynamic(x, 0)
+            torch._dynamo.mark_dynamic(x, 1)
+            r = f(x)
+            r.sum().backward()
+            out += [r, p.grad]
+        return out
+
+    _both(dynamic_after_static, "mark_dynamic DTensor in a region after a static one")
 
     _both(compiled_autograd_tp, "TP MLP backward under compiled autograd")
     return _done()
