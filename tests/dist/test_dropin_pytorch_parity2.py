@@ -33,7 +33,8 @@ def check_parity2(rank, world):
     ``src_data_rank`` test: the parameters' broadcast is counted; test_dtensor_ops'
     ``conv_transpose3d`` sample: unbatched convolutions with an empty channel shard, and its
     ``linalg.cond`` sample; test_dtensor_compile's dynamic-shape tests run after others in
-    one process (a ``mark_dynamic`` DTensor whose layout a region saw before)."""
+    one process (a ``mark_dynamic`` DTensor whose layout a region saw before); test_device_mesh's
+    error sentences."""
 
     def one_chunk(L):
         mesh = L.mesh((world, 1))
@@ -207,6 +208,32 @@ def check_parity2(rank, world):
         return out
 
     _both(dynamic_after_static, "mark_dynamic DTensor in a region after a static one")
+
+    def mesh_error_phrases(L):
+        # test_device_mesh: the errors carry PyTorch's sentences (its tests match them)
+        out = []
+        for call, phrase in (
+            (
+                lambda: L.mesh((2, world // 2), ("dp", "tp")).get_local_rank(),
+                "Optional kwarg `mesh_dim` needs to be specified when device_mesh.ndim > 1.",
+            ),
+            (
+                lambda: L.init_device_mesh("cpu", (2, world // 2), mesh_dim_names=["dp", "dp"]),
+                "Each mesh_dim_name must be unique.",
+            ),
+            (
+                lambda: L.init_device_mesh("cpu", (world,), mesh_dim_names=["dp", "tp"]),
+                "mesh_shape and mesh_dim_names should have same length!",
+            ),
+        ):
+            try:
+                call()
+                out.append("no error")
+            except RuntimeError as e:
+                out.append(phrase in str(e))
+        return out
+
+    _both(mesh_error_phrases, "DeviceMesh error messages")
 
     _both(compiled_autograd_tp, "TP MLP backward under compiled autograd")
     return _done()
