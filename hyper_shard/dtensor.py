@@ -29,7 +29,12 @@ from .placement import (
     normalize_placements,
     strided_shard_order,
 )
-from .redistribute.executor import execute_plan, redistribute_local, redistribute_with_plan
+from .redistribute.executor import (
+    COUNTERS,
+    execute_plan,
+    redistribute_local,
+    redistribute_with_plan,
+)
 from .redistribute.planner import plan_redistribute
 from .spec import DTensorSpec
 
@@ -594,10 +599,18 @@ def distribute_tensor(
             for m in range(device_mesh.ndim):
                 if device_mesh.shape[m] > 1:
                     full = plat.broadcast(full, src_coord[m], device_mesh._group(m))
+                    for counter in COUNTERS:  # hyper_shard.debug.comm_counter / CommDebugMode
+                        counter["broadcast"] = counter.get("broadcast", 0) + 1
         finally:
             frames.pop()
-    local = _redistribute_plain(plat, full, rspec, spec.placements, spec.shard_order)
-    return plat.make_leaf(plat.contiguous(local), spec, req)
+    local = plat.contiguous(
+        _redistribute_plain(plat, full, rspec, spec.placements, spec.shard_order)
+    )
+    if local is not full and plat.shares_storage(local, full):
+        # a shard must own its memory: a view would keep the whole tensor alive on every
+        # rank (and report the whole tensor's storage offsets, as PyTorch's scatter does not)
+        local = plat.clone(local)
+    return plat.make_leaf(local, spec, req)
 
 
 def _factory(
@@ -631,6 +644,8 @@ def _factory(
         full = plat.new_tensor(kind, shape, fill_value, dtype, dev)
         rspec = spec.with_placements((Replicate(),) * device_mesh.ndim)
         local = plat.contiguous(_redistribute_plain(plat, full, rspec, spec.placements))
+        if local is not full and plat.shares_storage(local, full):
+            local = plat.clone(local)  # own the shard's memory, not the whole draw's
     else:
         if any(type(p) is Partial for p in spec.placements) and kind not in ("empty", "zeros"):
             raise ValueError(

@@ -146,14 +146,14 @@ class DeviceMesh:
             mesh_dim_names = tuple(mesh_dim_names)
             if len(mesh_dim_names) != len(shape):
                 raise MeshError(
-                    f"DeviceMesh: {len(mesh_dim_names)} mesh_dim_names {mesh_dim_names} for a "
-                    f"{len(shape)}-D mesh of shape {shape}: mesh_shape and mesh_dim_names "
-                    f"should have same length"
+                    f"mesh_shape and mesh_dim_names should have same length! DeviceMesh: "
+                    f"{len(mesh_dim_names)} mesh_dim_names {mesh_dim_names} for a "
+                    f"{len(shape)}-D mesh of shape {shape}"
                 )
             if len(set(mesh_dim_names)) != len(mesh_dim_names):
                 raise MeshError(
-                    f"DeviceMesh: mesh_dim_names {mesh_dim_names} are not unique: each "
-                    f"mesh_dim_name must be unique"
+                    f"Each mesh_dim_name must be unique. DeviceMesh: mesh_dim_names "
+                    f"{mesh_dim_names} repeat a name"
                 )
         self.device_type = device_type
         self._shape: tuple[int, ...] = shape
@@ -346,8 +346,8 @@ class DeviceMesh:
         if mesh_dim is None:
             if self.ndim != 1:
                 raise MeshError(
-                    f"get_local_rank(): the DeviceMesh has {self.ndim} dimensions; optional kwarg "
-                    f"`mesh_dim` needs to be specified when device_mesh.ndim > 1"
+                    f"Optional kwarg `mesh_dim` needs to be specified when device_mesh.ndim > "
+                    f"1. get_local_rank(): the DeviceMesh has {self.ndim} dimensions"
                 )
             mesh_dim = 0
         d = self._dim_index(mesh_dim)
@@ -387,8 +387,8 @@ class DeviceMesh:
         if mesh_dim is None:
             if self.ndim != 1:
                 raise MeshError(
-                    f"get_group(): the DeviceMesh has {self.ndim} dimensions; optional kwarg "
-                    f"`mesh_dim` needs to be specified when device_mesh.ndim > 1 (or use "
+                    f"Optional kwarg `mesh_dim` needs to be specified when device_mesh.ndim > "
+                    f"1. get_group(): the DeviceMesh has {self.ndim} dimensions (or use "
                     f"get_all_groups())"
                 )
             mesh_dim = 0

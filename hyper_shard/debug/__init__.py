@@ -30,7 +30,11 @@ from ..flight.recorder import RECENT, Record, recent
 from ..mesh import this_rank
 from ..redistribute.executor import COUNTERS
 from ..redistribute.planner import plan_cache_info
-from ..redistribute.steps import COLLECTIVES
+from ..redistribute.steps import COLLECTIVES as _STEP_COLLECTIVES
+
+#: the kinds counted as collectives: the redistribution steps' and ``distribute_tensor``'s
+#: broadcast from ``src_data_rank``
+COLLECTIVES = _STEP_COLLECTIVES | {"broadcast"}
 
 __all__ = [
     "CommDebugMode",
@@ -101,6 +105,8 @@ _KIND_OF_NAME = {
     "_reduce_scatter_base_": "reduce_scatter",
     "reduce_scatter_": "reduce_scatter",
     "all_to_all_single": "all_to_all",
+    "broadcast": "broadcast",
+    "broadcast_": "broadcast",
     "alltoall_": "all_to_all",
     "alltoall_base_": "all_to_all",
 }
@@ -136,7 +142,8 @@ class CommDebugMode:
     m: ...; m.get_total_counts(); m.get_comm_counts()[funcol.all_gather_into_tensor]``).
 
     Counted: every collective step of a redistribution this rank runs, forward and
-    backward (those of ops, ``redistribute``, ``full_tensor``, optimizer steps...), one per
+    backward (those of ops, ``redistribute``, ``full_tensor``, optimizer steps...), and
+    ``distribute_tensor``'s broadcast from ``src_data_rank`` (kind ``broadcast``), one per
     step as in PyTorch (an all-to-all composed of point-to-point or gather calls on a
     backend without one counts once). Not counted: collectives of the user's own code (a
     ``local_map`` body's ``all_reduce``: PyTorch, which intercepts at the aten level, counts

@@ -182,7 +182,11 @@ def run_step(
 ) -> Any:
     """Run one step of ``kind`` on mesh dim ``m`` from ``state`` (the placements before it),
     counting it in every active :func:`~hyper_shard.debug.comm_counter`. A collective step
-    runs inside a :class:`~hyper_shard.flight.context.StepFrame`."""
+    runs inside a :class:`~hyper_shard.flight.context.StepFrame`. A collective over a
+    size-1 mesh dim is the identity on the local tensor: it runs nothing and counts
+    nothing (PyTorch's ``test_one_chunk_mesh``)."""
+    if spec.mesh.shape[m] == 1 and STEPS[kind].collective:
+        return t
     if COUNTERS:
         me = spec.mesh.get_rank()
         for rank, counter in COUNTERS:

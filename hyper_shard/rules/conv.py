@@ -252,7 +252,7 @@ class ConvOp(DistributedOp):
 
     def infer_layout(self, call: OpCall) -> Layout:
         layout = super().infer_layout(call)
-        return _empty_shard_impl(call, layout, "bias" in call.arg_roles)
+        return _empty_shard_impl(call, layout, "bias" in call.arg_roles, self.params.dims)
 
 
 def _local_shapes(call: OpCall, layout: Layout) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
@@ -269,17 +269,18 @@ def _local_shapes(call: OpCall, layout: Layout) -> tuple[list[tuple[int, ...]], 
     return ins, DTensorSpec(call.mesh, layout.outputs[0], meta).local_shape()
 
 
-def _empty_shard_impl(call: OpCall, layout: Layout, has_bias: bool) -> Layout:
+def _empty_shard_impl(call: OpCall, layout: Layout, has_bias: bool, dims: int = 0) -> Layout:
     """On a rank whose shard of an input or of the output is empty (a channel dim smaller
     than the mesh), torch's kernels return the wrong shape or raise: the local result is
     then the output's local zeros (plus the local bias on the channel dim), connected to the
-    inputs for autograd (a zero gradient)."""
+    inputs for autograd (a zero gradient). ``dims``: the spatial dims (the channel dim is
+    the one before them: 1 batched, 0 unbatched)."""
     if call.mesh.get_coordinate() is None:
         return layout
     ins, out = _local_shapes(call, layout)
     if all(0 not in s for s in ins) and 0 not in out:
         return layout
-    layout.impl = _ZerosOut(out, 1 if len(out) == len(ins[0]) and len(out) > 1 else 0, has_bias)
+    layout.impl = _ZerosOut(out, max(len(out) - dims - 1, 0), has_bias)
     return layout
 
 

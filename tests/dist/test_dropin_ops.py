@@ -125,8 +125,9 @@ def check_conv(rank, world):
     ):
         n += check_op(fn, [xq], mesh, [([Shard(2)],), ([Shard(3)],)])
     for pool in (F.max_pool2d, F.avg_pool2d):
+        xd = distribute_tensor(xq, mesh, [Shard(3)])
         with CommDebugMode() as comm:
-            y = pool(distribute_tensor(xq, mesh, [Shard(3)]), 2)
+            y = pool(xd, 2)
         assert y.placements == (Shard(3),) and comm.get_total_counts() == 0
     # nn.Conv2d, output channels sharded, trains like the plain module
     torch.manual_seed(0)

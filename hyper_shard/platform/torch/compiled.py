@@ -226,12 +226,25 @@ def _fill(skeleton: Any, tensors: list, specs: tuple, pos: list) -> Any:
         if isinstance(a, DTensor):  # backend="eager": the real DTensor arrives
             with DisableTorchFunctionSubclass():
                 a = a.as_subclass(torch.Tensor)  # type: ignore[attr-defined]
+        _specialize(a, s)
         return TracedDTensor(a, s)
     if t in (list, tuple):
         return t(_fill(x, tensors, specs, pos) for x in skeleton)
     if t is dict:
         return {k: _fill(v, tensors, specs, pos) for k, v in skeleton.items()}
     return skeleton
+
+
+def _specialize(local: Any, spec: DTensorSpec) -> None:
+    """A DTensor's layout is static in a region: symbolic sizes of its local tensor (a
+    ``mark_dynamic`` dim, automatic dynamic shapes) are specialized to the layout's local
+    shape here (a guard each), even when the decision comes from the layout cache without
+    reading them (they would otherwise be bound to the DTensor's global sizes at run time)."""
+    if spec.mesh.get_coordinate() is None:
+        return
+    for n, m in zip(local.shape, spec.local_shape()):
+        if isinstance(n, torch.SymInt):
+            bool(n == m)
 
 
 def _unbox_outputs(out: Any, inputs: list) -> tuple[Any, tuple[int, ...]]:

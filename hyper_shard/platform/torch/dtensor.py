@@ -348,7 +348,7 @@ def _grad_set(args: Any, kwargs: dict) -> None:
             whole = self.__dict__.get(WHOLE_GRAD, ())
             if whole:  # a whole gradient on those dims: sum the contributions
                 value = _all_reduce_dims(self._spec.mesh, value, whole)
-        elif isinstance(value, torch.Tensor):
+        elif isinstance(value, torch.Tensor) and not _compiled_autograd_accumulates(self, value):
             raise TypeError(
                 "a DTensor's .grad must be a DTensor on the same mesh (or None); wrap the local "
                 "gradient with DTensor.from_local"
@@ -356,6 +356,18 @@ def _grad_set(args: Any, kwargs: dict) -> None:
     with DisableTorchFunctionSubclass():
         T.grad.__set__(self, value)
     self.__dict__.pop("_grad_wrapper", None)
+
+
+def _compiled_autograd_accumulates(self: Any, value: torch.Tensor) -> bool:
+    """Compiled autograd (``torch._dynamo.compiled_autograd``) runs the backward on the
+    local tensors and sets ``param.grad`` to the accumulated local gradient, as the eager
+    engine does below ``__torch_function__``: a plain tensor of the local shard's shape is
+    taken as the local derivative there."""
+    ca = sys.modules.get("torch._dynamo.compiled_autograd")
+    if ca is None or not getattr(ca, "in_compiled_autograd_region", False):
+        return False
+    with DisableTorchFunctionSubclass():
+        return tuple(value.shape) == tuple(self.shape)
 
 
 def _all_reduce_dims(mesh: Any, t: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:

@@ -92,3 +92,8 @@ for _inplace, _view, _local in (
     (T.swapaxes_, T.swapaxes, _same_args),
 ):
     PROTOCOL_HANDLERS[_inplace] = _handler(_inplace, _view, _local)
+    # the aten overloads (``torch.ops.aten.squeeze_.dim(x, 0)``, as PyTorch's test_view_ops
+    # calls them) take the same arguments, self first
+    _packet = getattr(torch.ops.aten, _inplace.__name__)
+    for _overload in _packet.overloads():
+        PROTOCOL_HANDLERS[getattr(_packet, _overload)] = PROTOCOL_HANDLERS[_inplace]
