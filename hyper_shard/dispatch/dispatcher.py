@@ -434,7 +434,7 @@ class Dispatcher:
                     scalars[name] = a
                 else:
                     raise ShardingError(
-                        f"{pname}: got a plain {type(a).__name__} of shape "
+                        f"{pname}: got a plain tensor of shape "
                         f"{tuple(plat.shape(a))} for {name!r} mixed with DTensor inputs "
                         f"({describe(dts)}); convert it with "
                         f"distribute_tensor(t, mesh, [Replicate()]) or DTensor.from_local first, "

@@ -61,6 +61,7 @@ class ViewCopySpec(DTensorSpec):
         self.key = (*self.key, "view-copy")  # type: ignore[assignment]
         self._hash = hash(self.key)
         self._id = intern_spec_key(self.key)
+        self._cid = str(self._id)  # a compiled region names the layout by it
 
     def __reduce__(self) -> tuple:
         spec = DTensorSpec(self.mesh, self.placements, self.tensor_meta, self.shard_order)

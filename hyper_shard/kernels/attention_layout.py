@@ -229,13 +229,27 @@ def layout_of(buffers: Sequence[Any], seq_dims: Sequence[int], n: int) -> Sequen
 
     Raises:
         ValueError: load balancing forced on (``set_load_balance(True)``) and a length the
-            head-tail layout cannot split.
+            head-tail layout cannot split; a length that leaves a rank no token (shorter
+            than the ranks, or ``torch.chunk`` making fewer pieces: 5 over 4 is 2, 2, 1, 0),
+            which a model's forward on that rank would fail on while the others wait in
+            attention's collectives. Every rank raises (the lengths are the same on every
+            rank), before any buffer changes.
     """
     if not buffers:
         return cp_options().layout_for(0, n) if cp_options().load_balance else PLAIN
     layout = cp_options().layout_for(int(buffers[0].shape[seq_dims[0]]), n)
     for i, (b, d) in enumerate(zip(buffers, seq_dims)):
-        layout.check(int(b.shape[d]), n, f"sequence of buffers[{i}] (dim {d})")
+        length = int(b.shape[d])
+        what = f"sequence of buffers[{i}] (dim {d})"
+        layout.check(length, n, what)
+        sizes = layout.sizes(length, n)
+        if 0 in sizes:
+            raise ValueError(
+                f"context_parallel: the {what} has length {length}, which torch.chunk splits "
+                f"over {n} ranks as {sizes}: rank {sizes.index(0)} would hold no token; use "
+                f"a length of at least {n} whose torch.chunk pieces are all non-empty (a "
+                f"multiple of {n}, or of {2 * n} for the load-balanced layout)"
+            )
     return layout
 
 

@@ -139,6 +139,14 @@ def check_arguments_and_bad_input(rank, world):
                 pass
         assert torch.equal(odd, torch.arange(7).view(1, 7))
         set_load_balance(None)
+        # a sequence that leaves a rank no token: every rank raises before anything moves
+        # (rank 1 used to fail in the model's forward on its empty piece while rank 0
+        # waited in attention's size all-gather: a hang)
+        one = torch.arange(1).view(1, 1).clone()
+        with pytest.raises(ValueError, match=r"as \[1, 0\]: rank 1 would hold no token"):
+            with context_parallel(mesh, buffers=[one], buffer_seq_dims=[1]):
+                pass
+        assert torch.equal(one, torch.arange(1).view(1, 1))
         # the all-to-all form cannot split 3 heads over 2 ranks: every rank raises
         set_context_parallel_method("ulysses")
         q = torch.randn(1, 3, 4, 4)

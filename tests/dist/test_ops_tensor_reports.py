@@ -111,7 +111,7 @@ def report_bool_mask_index(rank, world):
     mask = torch.rand(4, 32) > 0.5
     dx = distribute_tensor(x, mesh, [Shard(2)])
     dmask = distribute_tensor(mask, mesh, [Replicate()])
-    with pytest.raises(ShardingError, match="plain Tensor"):
+    with pytest.raises(ShardingError, match="plain tensor"):
         dx[mask]
     got = dx[dmask]
     assert got.placements == (Replicate(),)

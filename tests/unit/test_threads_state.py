@@ -142,3 +142,38 @@ def test_spec_ids_stay_unique_when_threads_intern_at_once():
     flat = [i for row in ids for i in row]
     assert len(flat) == 6 * 3000 and len(set(flat)) == len(flat)
     assert [intern_spec_key(k) for k in keys[0][:10]] == ids[0][:10]  # stable per key
+
+
+def test_context_parallel_per_rank_thread():
+    """``context_parallel`` entered and left by rank threads at different times: each rank
+    attends over its own mesh, and torch's function is back once the last one left. (Each
+    context used to patch ``F.scaled_dot_product_attention`` and put back what it found:
+    the first rank out restored torch's function under the others, the last one left
+    another rank's context patched in; the ranks deadlocked.)"""
+    import torch.nn.functional as F
+
+    from hyper_shard.experimental import context_parallel, set_context_parallel_method
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 16, 4, generator=g) for _ in range(3))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch_sdpa = F.scaled_dot_product_attention
+
+    def rank(r: int) -> tuple:
+        mesh = hs.init_device_mesh("cpu", (WORLD,))
+        bufs = [q.clone(), k.clone(), v.clone(), torch.arange(16)[None].clone()]
+        time.sleep(0.05 * r)  # rank 0 enters first and leaves last
+        with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2, 1],
+                              no_restore_buffers=set(bufs)):  # fmt: skip
+            time.sleep(0.2 * (WORLD - r))
+            out = F.scaled_dot_product_attention(*bufs[:3], is_causal=True)
+        return out, bufs[3][0]
+
+    set_context_parallel_method("allgather")  # the threaded group has no send/recv
+    try:
+        outs = run_threads(rank)
+    finally:
+        set_context_parallel_method("auto")
+    assert F.scaled_dot_product_attention is torch_sdpa
+    for out, pos in outs:  # each rank's piece of the whole sequence's attention
+        torch.testing.assert_close(out, ref[:, :, pos])

@@ -37,6 +37,7 @@ from torch._C import DisableTorchFunctionSubclass
 from ...dispatch.dispatcher import Dispatcher
 from ...dispatch.op import BoundOp, Decision
 from ...dtensor import DTensor
+from ...errors import HyperShardError
 from ...mesh import DeviceMesh
 from ...placement import Partial, Placement, Replicate, Shard
 from ...spec import DTensorSpec
@@ -272,6 +273,12 @@ def _unbox_outputs(out: Any, inputs: list) -> tuple[Any, tuple[int, ...]]:
     return pytree.tree_unflatten(res, tree), tuple(ids)
 
 
+#: what a traced call returns for its spec ids when it raised a hyper_shard error
+_FAILED_IDS = (-2,)
+#: the last such error, as (its class, its message): raised again in dynamo-land
+_FAILED: list[Any] = [HyperShardError, ""]
+
+
 @torch._dynamo.nonstrict_trace
 def _traced_call(cid: str, specs: tuple, tensors: list) -> Any:
     func, skeleton = _CALLS[int(cid)]
@@ -279,11 +286,33 @@ def _traced_call(cid: str, specs: tuple, tensors: list) -> Any:
         skip_frames()  # hyper_shard modules imported since
     with tracing():
         args, kwargs = _fill(skeleton, tensors, specs, [0])
-        if isinstance(func, str):
-            out = _API[func](*args, **kwargs)  # type: ignore[operator]
-        else:
-            out = TRACE_DISPATCHER.dispatch(func, args, kwargs)
+        try:
+            if isinstance(func, str):
+                out = _API[func](*args, **kwargs)  # type: ignore[operator]
+            else:
+                out = TRACE_DISPATCHER.dispatch(func, args, kwargs)
+        except HyperShardError as e:
+            if not _remember_failure(e):
+                raise
+            return 0, _FAILED_IDS
         return _unbox_outputs(out, tensors)
+
+
+def _remember_failure(e: HyperShardError) -> bool:
+    """Keep ``e`` to raise again in dynamo-land (:func:`_call`): dynamo hides an error
+    raised inside a nonstrict call behind "Unsupported output type for nonstrict_trace-ed
+    function", while an exception raised by the traced code itself is the eager one after
+    a graph break and, under ``fullgraph=True``, is named with its message and the user's
+    line. Only errors that rebuild from their message alone (the class and text of the
+    eager error)."""
+    try:
+        again = type(e)(str(e))
+    except Exception:
+        return False
+    if str(again) != str(e):
+        return False
+    _FAILED[:] = [type(e), str(e)]
+    return True
 
 
 def _api_redistribute(x: Any, mesh: Any, pl: tuple, async_op: bool, fdt: Any, bdt: Any) -> Any:
@@ -438,6 +467,8 @@ def _call(func: Any, args: Any, kwargs: dict, ints: tuple = ()) -> Any:
             torch.numel(t)
             break
     out, ids = _traced_call(_call_id(func, skeleton) + "", specs, tensors)  # no source
+    if ids == _FAILED_IDS:  # the call raised the eager error while traced: raise it here
+        raise _FAILED[0](_FAILED[1])
     return _rewrap_one(out, ids, [0])
 
 

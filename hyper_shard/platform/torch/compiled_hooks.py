@@ -174,6 +174,52 @@ def _store_grad(p: Any) -> None:
             T.grad.__set__(p, wrapped)
 
 
+def in_compiled_backward() -> bool:
+    """Whether the autograd engine is running a compiled region's backward graph.
+
+    Dynamo runs a compiled region's forward graph with ``__torch_function__`` subclasses
+    disabled (its aten ops on DTensor inputs are local ops), but not the backward graph
+    AOTAutograd built with it, whose saved tensors include the DTensor inputs themselves
+    (``x * w`` saves ``x`` and ``w``): there an aten op on a DTensor is a local op too."""
+    node = torch._C._current_autograd_node()
+    return node is not None and node.name() == "CompiledFunctionBackward"
+
+
+def local_op(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``func`` on the local tensors (see :func:`in_compiled_backward`)."""
+    with DisableTorchFunctionSubclass():
+        return func(*args, **kwargs)
+
+
+def _flatten_tuples_too() -> None:
+    """Dynamo decides whether a torch function call dispatches to a tensor subclass's
+    ``__torch_function__`` by flattening the arguments' lists and dicts, not their tuples
+    (``torch._dynamo.variables.torch_function._flatten_vts``, torch 2.13), so
+    ``torch.cat((a, b))`` over DTensors made in the region ran as a plain op on the local
+    tensors and returned a plain tensor (eager torch looks into tuples too). The same
+    flattening, tuples included."""
+    from torch._dynamo.variables import torch_function as tf
+    from torch._dynamo.variables.lists import TupleVariable
+
+    orig = tf._flatten_vts
+    if getattr(orig, "_hs_tuples", False):
+        return
+
+    def flatten(vts: Any) -> list:
+        out: list = []
+        for vt in orig(vts):
+            if not vt.is_realized() and vt.peek_type() is tuple:  # type: ignore[attr-defined]
+                vt = vt.realize()
+            if isinstance(vt, TupleVariable):
+                out.extend(flatten(vt.items))
+            else:
+                out.append(vt)
+        return out
+
+    flatten._hs_tuples = True  # type: ignore[attr-defined]
+    tf._flatten_vts = flatten
+
+
 def install() -> None:
     """Route the neutral DTensor API through :func:`api_call` while dynamo traces, and let
     dynamo's fakes see the local tensor."""
@@ -184,6 +230,7 @@ def install() -> None:
     if not _dt.COMPILED_API:
         _dt.COMPILED_API[:] = [torch.compiler.is_dynamo_compiling, api_call]
         skip_frames()
+        _flatten_tuples_too()
         for f in _GLOBAL_METADATA:
             PROTOCOL_HANDLERS[f] = _local_while_compiling(f, PROTOCOL_HANDLERS[f])
         PROTOCOL_HANDLERS[T.grad.__get__] = _grad_while_compiling(PROTOCOL_HANDLERS[T.grad.__get__])

@@ -18,8 +18,10 @@ output is returned. On exit the buffers get their original values back (except t
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -36,35 +38,83 @@ from ...kernels.attention_layout import (
 __all__ = ["context_parallel"]
 
 
-def _sequence_attention(orig: Any, mesh: Any, layout: SequenceLayout, even: bool) -> Any:
+def _sequence_attention(
+    orig: Any,
+    mesh: Any,
+    layout: SequenceLayout,
+    even: bool,
+    query: Any,
+    key: Any,
+    value: Any,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """``scaled_dot_product_attention`` on plain local sequence pieces inside a context."""
     from ...dtensor import DTensor
     from ...placement import Shard
     from ...spec import contiguous_stride
 
-    def sdpa(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
-        if any(isinstance(t, DTensor) for t in (query, key, value)):
-            return orig(query, key, value, *args, **kwargs)  # hyper_shard's own rule
+    if any(isinstance(t, DTensor) for t in (query, key, value)):
+        return orig(query, key, value, *args, **kwargs)  # hyper_shard's own rule
 
-        def view(t: torch.Tensor) -> Any:
-            if even:  # every piece has the same length: no size exchange needed
-                shape = (*t.shape[:-2], t.shape[-2] * mesh.size(), t.shape[-1])
-                return DTensor.from_local(
-                    t, mesh, [Shard(t.dim() - 2)], shape=shape, stride=contiguous_stride(shape)
-                )
-            return DTensor.from_local(t, mesh, [Shard(t.dim() - 2)])
-
-        mask = kwargs.get("attn_mask", args[0] if args else None)
-        if mask is not None:
-            raise NotImplementedError(
-                "context_parallel: scaled_dot_product_attention with an explicit attn_mask "
-                "on sequence pieces is not supported (as PyTorch's context_parallel); use "
-                "is_causal=True, or call it outside the context"
+    def view(t: torch.Tensor) -> Any:
+        if even:  # every piece has the same length: no size exchange needed
+            shape = (*t.shape[:-2], t.shape[-2] * mesh.size(), t.shape[-1])
+            return DTensor.from_local(
+                t, mesh, [Shard(t.dim() - 2)], shape=shape, stride=contiguous_stride(shape)
             )
-        with using_layout(layout):
-            out = orig(view(query), view(key), view(value), *args, **kwargs)
-        return out.to_local()
+        return DTensor.from_local(t, mesh, [Shard(t.dim() - 2)])
 
-    return sdpa
+    mask = kwargs.get("attn_mask", args[0] if args else None)
+    if mask is not None:
+        raise NotImplementedError(
+            "context_parallel: scaled_dot_product_attention with an explicit attn_mask "
+            "on sequence pieces is not supported (as PyTorch's context_parallel); use "
+            "is_causal=True, or call it outside the context"
+        )
+    with using_layout(layout):
+        out = orig(view(query), view(key), view(value), *args, **kwargs)
+    return out.to_local()
+
+
+#: this thread's open contexts, innermost last: (mesh, layout, even). Per thread, so rank
+#: threads (ranks as threads) each attend over their own mesh; the function in ``F`` is
+#: patched once for all of them (a patch per context, restored on exit, left a thread
+#: still inside its context with torch's function, or another rank's mesh: wrong values
+#: or a deadlock)
+_OPEN: ContextVar[tuple] = ContextVar("hyper_shard_context_parallel", default=())
+_PATCH_LOCK = threading.Lock()
+#: [number of open contexts in the process, torch's function while patched]
+_PATCHED: list[Any] = [0, None]
+
+
+def _dispatching_sdpa(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+    orig = _PATCHED[1]
+    open_ = _OPEN.get()
+    if not open_:  # a thread outside any context: torch's own
+        return orig(query, key, value, *args, **kwargs)
+    mesh, layout, even = open_[-1]
+    return _sequence_attention(orig, mesh, layout, even, query, key, value, *args, **kwargs)
+
+
+def _patch() -> None:
+    from .dispatch import _lookup
+
+    with _PATCH_LOCK:
+        if _PATCHED[0] == 0:
+            # bind the registry first: its name lookups must see torch's function
+            _lookup(F.scaled_dot_product_attention)
+            _PATCHED[1] = F.scaled_dot_product_attention
+            F.scaled_dot_product_attention = _dispatching_sdpa
+        _PATCHED[0] += 1
+
+
+def _unpatch() -> None:
+    with _PATCH_LOCK:
+        _PATCHED[0] -= 1
+        if _PATCHED[0] == 0:
+            F.scaled_dot_product_attention = _PATCHED[1]
+            _PATCHED[1] = None
 
 
 @contextmanager
@@ -99,15 +149,13 @@ def context_parallel(
                 piece = local_piece(plat, b, d, layout, n, coord[0]).clone()
             b.resize_(piece.shape)
             b.copy_(piece)
-    orig = F.scaled_dot_product_attention
-    from .dispatch import _lookup
-
-    _lookup(orig)  # bind the registry now: name lookups inside the context see the patch
-    F.scaled_dot_product_attention = _sequence_attention(orig, mesh, layout, even)
+    token = _OPEN.set((*_OPEN.get(), (mesh, layout, even)))
+    _patch()
     try:
         yield
     finally:
-        F.scaled_dot_product_attention = orig
+        _unpatch()
+        _OPEN.reset(token)
         with torch.no_grad():
             for b, o in zip(buffers, originals):
                 if o is not None:

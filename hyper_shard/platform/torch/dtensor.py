@@ -30,6 +30,7 @@ from . import dcp as _dcp
 from .grad_sync import WHOLE_GRAD, whole_replicate_grad
 
 _R = Replicate()
+_OpOverload = torch._ops.OpOverload
 
 __all__ = ["TorchDTensor", "wrap", "make_leaf", "PROTOCOL_HANDLERS"]
 
@@ -46,6 +47,8 @@ class TorchDTensor(DTensor, torch.Tensor):  # type: ignore[misc]
         h = PROTOCOL_HANDLERS.get(func)
         if h is not None:
             return h(args, kwargs or {})
+        if type(func) is _OpOverload and _in_compiled_backward():
+            return _local_op(func, args, kwargs or {})
         return _dm.torch_dispatch(func, args, kwargs or {})
 
     # torch.distributed.checkpoint's tensor-subclass protocol (see platform/torch/dcp.py)
@@ -802,6 +805,8 @@ for _aten, _m in (
 from . import compiled as _compiled  # noqa: E402  (compiled imports the dispatcher)
 from . import dispatch as _dm  # noqa: E402  (dispatch imports this module's class)
 from . import inplace_views as _inplace_views  # noqa: E402,F401  (registers its handlers)
+from .compiled_hooks import in_compiled_backward as _in_compiled_backward  # noqa: E402
+from .compiled_hooks import local_op as _local_op  # noqa: E402
 from .state_dict_utils import install as _install_state_dict_utils  # noqa: E402
 
 _compiled.install()
