@@ -137,7 +137,7 @@ class FSDPState:
     def pre_forward(self, module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """The forward pre-hook of every module of the unit."""
         g = self.group
-        if self._recomputing():
+        if self.training_state is TrainingState.PRE_BACKWARD:  # a recomputed forward
             if g is not None and not g.unsharded:
                 g.unshard()
                 g.wait_for_unshard()
@@ -161,14 +161,6 @@ class FSDPState:
                 args, kwargs, call = g.track_call(args, kwargs)
             self._open.setdefault(id(module), []).append(call)
             return args, kwargs
-
-    def _recomputing(self) -> bool:
-        """A forward run inside a backward pass: activation checkpointing recomputing it
-        (the unit's own backward begun, or a checkpointed region around the unit, e.g.
-        ``checkpoint(root, x)``, whose recompute comes before the unit's backward). It
-        gathers the parameters if resharded and tracks no call: its outputs only refill
-        the saved tensors of the original forward, whose calls complete as usual."""
-        return self.training_state is TrainingState.PRE_BACKWARD or self.fw.in_backward()
 
     def _root_pre_forward(self) -> None:
         """The first forward cycle of an iteration (this state is its forward root)."""
@@ -209,7 +201,7 @@ class FSDPState:
         fw = self.fw
         stack = self._open.get(id(module))
         call = stack.pop() if stack else None
-        if self._recomputing():
+        if self.training_state is TrainingState.PRE_BACKWARD:
             return self._cast_output(output)
         with self.comm.record("FSDP::post_forward"):
             if fw.grad_enabled():
