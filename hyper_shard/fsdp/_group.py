@@ -182,6 +182,15 @@ class FSDPParamGroup(OnTapeUnit):
             for k, idx in by_dtype.items()
         ]
 
+    def reset_sharded_params(self) -> None:
+        """After a module operation replaced parameters or their dtype (``to_empty``,
+        ``.to(dtype)``...): adopt them; a new dtype re-derives the dtypes and flat layouts
+        at the next all-gather."""
+        changed = [p.reset_sharded_param() for p in self.params]
+        if any(changed) and self._buckets is not None:
+            self.reshard()
+            self._buckets = None
+
     # ------------------------------------------------------------------ unshard
     def unshard(self, async_op: bool = False) -> None:
         """Start the all-gather of the unit (no-op if already started, or unsharded and

@@ -324,7 +324,37 @@ def report_shard_dim_of_one(rank, world):
         _eq(p.full_tensor(), q.detach())
 
 
+def report_module_to_dtype_after_fully_shard(rank, world):
+    """#138467: ``get_model_state_dict`` failed after ``model.to(dtype)`` of an FSDP
+    model; here ``.to(torch.float64)`` (before the first forward, and again after one)
+    left the units gathering float32 parameters (a dtype error in forward). Output,
+    gradients and the full state dict in float64 against one process."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    mesh = init_device_mesh("cpu", (world,))
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    for warm in (False, True):
+        m = _mlp()
+        ref = copy.deepcopy(m).to(torch.float64)
+        _shard_mlp(m, mesh)
+        if warm:
+            m(x).sum().backward()
+            m.zero_grad()
+        m.to(torch.float64)
+        out = m(x.double())
+        out.sum().backward()
+        r = ref(x.double())
+        r.sum().backward()
+        _eq(out, r.detach())
+        assert all(p.dtype == torch.float64 for p in m.parameters())
+        _grads_equal(m, ref)
+        sd = get_model_state_dict(m, options=StateDictOptions(full_state_dict=True))
+        for k, v in ref.state_dict().items():
+            _eq(_full(sd[k]), v)
+
+
 @reports(
+    report_module_to_dtype_after_fully_shard,
     report_root_reshard_after_forward,
     report_checkpointed_root_with_mixed_precision,
     report_unit_whose_parameters_are_unused,
