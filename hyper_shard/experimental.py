@@ -364,8 +364,10 @@ def context_parallel(
     as the attention rule's cost model picks (:mod:`hyper_shard.rules.attention_cp`) or
     :func:`set_rotate_method` / :func:`set_context_parallel_method` fix; ``is_causal``
     follows the layout; gradients flow to every piece. On exit every buffer gets its
-    original values back, except those in ``no_restore_buffers``; the function is
-    restored. :func:`context_parallel_unshard` turns pieces back into whole tensors.
+    original values back, except those in ``no_restore_buffers`` (a buffer whose
+    ``requires_grad`` was turned on in the block too, where PyTorch fails to resize it;
+    its ``.grad`` stays the piece's); the function is restored.
+    :func:`context_parallel_unshard` turns pieces back into whole tensors.
 
     Differences from PyTorch: a non-causal attention in the load-balanced layout is
     computed (PyTorch raises "Load balancing requires `is_causal=True`"); a length the
@@ -384,7 +386,8 @@ def context_parallel(
 
     Raises:
         ValueError: ``buffers`` and ``buffer_seq_dims`` of different lengths,
-            ``no_restore_buffers`` not a subset of ``buffers``, a Parameter buffer, a mesh
+            ``no_restore_buffers`` not a subset of ``buffers``, a Parameter buffer, a
+            buffer that requires grad on entry (torch: resized in place), a mesh
             that is not 1-D (PyTorch's messages where it has them), or load balancing
             forced on with a sequence length that is not a multiple of ``2 n`` (on every
             rank, before anything communicates).

@@ -26,7 +26,10 @@ pieces (the chunked loss: ``fully_shard([norm, head])``, the head called per chu
 each chunk's loss backpropagated at once, then the norm's backward from the saved
 gradient; two backward passes through one unit) stays unsharded until the last piece:
 at the end of a pass that leaves calls pending, the gradients that arrived are reduced
-and the unit stays unsharded. Calls are held weakly: a forward whose graph is dropped
+and the unit stays unsharded. A call made inside a backward pass (activation
+checkpointing recomputing a unit whose own backward has not begun, e.g.
+``checkpoint(root, x)``) ends with that pass: its outputs only refill saved tensors,
+or a nested backward (the reentrant form) has run through them by then. Calls are held weakly: a forward whose graph is dropped
 without backward leaves nothing pending.
 """
 
@@ -59,11 +62,15 @@ class _Call:
     """One forward call of a module of a unit whose backward is still to come (see
     [Note: FSDP unit lifetime])."""
 
-    __slots__ = ("hooked", "started", "__weakref__")
+    __slots__ = ("hooked", "started", "recomputed", "__weakref__")
 
-    def __init__(self) -> None:
+    def __init__(self, recomputed: bool = False) -> None:
         self.hooked = False  # an autograd node on its inputs reports its completion
         self.started = False  # its pre-backward hook ran
+        #: made inside a backward pass: activation checkpointing's recomputed forward,
+        #: whose outputs only refill saved tensors unless a nested backward (the
+        #: reentrant form) runs through them in this pass
+        self.recomputed = recomputed
 
 
 class _Bucket:
@@ -174,6 +181,15 @@ class FSDPParamGroup(OnTapeUnit):
             _Bucket(dtypes[k], idx, FlatLayout([self.params[i].flat_shape for i in idx], n))
             for k, idx in by_dtype.items()
         ]
+
+    def reset_sharded_params(self) -> None:
+        """After a module operation replaced parameters or their dtype (``to_empty``,
+        ``.to(dtype)``...): adopt them; a new dtype re-derives the dtypes and flat layouts
+        at the next all-gather."""
+        changed = [p.reset_sharded_param() for p in self.params]
+        if any(changed) and self._buckets is not None:
+            self.reshard()
+            self._buckets = None
 
     # ------------------------------------------------------------------ unshard
     def unshard(self, async_op: bool = False) -> None:
@@ -297,7 +313,7 @@ class FSDPParamGroup(OnTapeUnit):
         node (see [Note: FSDP unit lifetime])."""
         if self.on_tape or not self.fw.grad_enabled():
             return args, kwargs, None
-        call = _Call()
+        call = _Call(recomputed=self.fw.in_backward())
         args, kwargs, call.hooked = self.fw.hook_inputs(args, kwargs, lambda: self._call_done(call))
         self._calls.add(call)
         return args, kwargs, call
@@ -361,7 +377,7 @@ class FSDPParamGroup(OnTapeUnit):
         """The engine's final callback: calls whose backward ran in this pass are complete;
         the unit reduces what arrived, and reshards unless calls are still pending."""
         for call in list(self._calls):
-            if call.started:
+            if call.started or call.recomputed:
                 self._calls.discard(call)
         if self.training_state is not TrainingState.POST_BACKWARD:
             self.post_backward(reshard=not self._calls)

@@ -206,18 +206,24 @@ class FSDPParam:
         for m, name in self.sites:
             self.fw.register_unsharded(m, name, value)
 
-    def reset_sharded_param(self) -> None:
+    def reset_sharded_param(self) -> bool:
         """Adopt a sharded parameter some module operation put in our place
-        (``to_empty``, ``load_state_dict(assign=True)``, ``.to(...)``): it must be a DTensor
+        (``to_empty``, ``load_state_dict(assign=True)``, ``.to(...)``), or the new dtype of
+        ours (``module.to(torch.float64)`` swaps its data in place): it must be a DTensor
         with our layout; every site holds it afterwards.
+
+        Returns:
+            Whether the parameter's dtype changed (the unit's flat layouts are stale).
 
         Raises:
             ValueError: the module now holds something that is not our sharded layout.
         """
         m, name = self.sites[0]
         cur = dict(self.fw.direct_params(m)).get(name)
-        if cur is None or cur is self.sharded_param or cur is self.unsharded:
-            return
+        if cur is None or cur is self.unsharded:
+            return False
+        if cur is self.sharded_param and cur._spec.tensor_meta.dtype == self.orig_dtype:
+            return False
         if not isinstance(cur, DTensor) or cur._spec.shape != self.spec.shape:
             raise ValueError(
                 f"fully_shard: parameter {self.fqn!r} was replaced by a {type(cur).__name__} "
@@ -236,11 +242,15 @@ class FSDPParam:
         self.grad_spec = self.spec.with_placements(self._grad_placements())
         for mm, nn in self.sites:
             self.fw.register_sharded(mm, nn, cur)
-        if self.buffer is not None and self.fw.device_type(self.buffer) != self.fw.device_type(
-            self.plat.local_of(cur)
+        new_dtype = cur._spec.tensor_meta.dtype != self.orig_dtype
+        self.orig_dtype = cur._spec.tensor_meta.dtype
+        if self.buffer is not None and (
+            new_dtype
+            or self.fw.device_type(self.buffer) != self.fw.device_type(self.plat.local_of(cur))
         ):
-            self.buffer = None  # moved device: re-created at the next unshard
+            self.buffer = None  # moved device or new dtype: re-created at the next unshard
             self.unsharded = None
+        return new_dtype
 
     def __repr__(self) -> str:
         pl = ", ".join(str(p) for p in self.spec.placements)

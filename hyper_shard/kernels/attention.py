@@ -151,13 +151,17 @@ class ShardedSDPA:
         cur = current_layout()
         layout = cur if cur.balanced and self.seq_shard is not None else None
         key = (n_rows, n_cols, str(getattr(like, "device", "")), layout)
-        m = self._masks.get(key)
+        # a compiled region's trace builds its own (a kept mask would be a constant of
+        # another trace, or a real tensor among fake ones; this kernel outlives traces)
+        tracing = self.plat.tracing()
+        m = None if tracing else self._masks.get(key)
         if m is None:
             if layout is None:
                 m = causal_mask(self.plat, self.query_offset or 0, n_rows, n_cols, like)
             else:
                 m = self._layout_mask(layout, like)
-            self._masks[key] = m
+            if not tracing:
+                self._masks[key] = m
         return m
 
     def _layout_mask(self, layout: Any, like: Any) -> Any:

@@ -147,11 +147,60 @@ def report_keyword_inputs_and_a_mesh_of_one(rank, world):
     _eq(lin(x1), rlin(x1).detach())
 
 
+def report_vocab_parallel_embedding_padding_idx(rank, world):
+    """pytorch/torchtitan#4637: a vocab-parallel (``RowwiseParallel``) embedding with a
+    ``padding_idx`` in the second shard (the global index given to a local shard: an error,
+    or gradients suppressed on rows of other shards); NVIDIA-NeMo/Automodel#1675:
+    ``weight[padding_idx] = 0`` on the row-sharded weight (Hugging Face's init) failed.
+    Output, gradient and the written rows against one process."""
+    mesh = init_device_mesh("cpu", (world,))
+    for pad in (7, 2):
+        torch.manual_seed(0)
+        emb, ref = nn.Embedding(10, 4, padding_idx=pad), nn.Embedding(10, 4, padding_idx=pad)
+        ref.load_state_dict(emb.state_dict())
+        parallelize_module(
+            emb, mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+        )
+        with torch.no_grad():
+            for m in (emb, ref):
+                m.weight[pad] = 0
+                m.weight[pad + 1] = 1.5
+        ids = torch.tensor([[pad, 1, pad + 1, 3], [9, pad, 0, 8]])
+        out, r = emb(ids), ref(ids)
+        _eq(out, r.chunk(world, 1)[rank].detach())
+        (out * (rank + 1)).sum().backward()
+        (r * torch.arange(1.0, world + 1).repeat_interleave(4 // world).view(1, 4, 1)).sum().backward()
+        _eq(emb.weight.grad.full_tensor(), ref.weight.grad)
+        _eq(emb.weight.full_tensor(), ref.weight.detach())
+
+
+def report_sequence_parallel_input_is_a_piece(rank, world):
+    """#129355 / PR #131346: ``SequenceParallel`` takes a plain input as this rank's
+    sequence piece (the global length is ``T * world``: "tiling" in the report), and
+    redistributes a DTensor input sharded otherwise (a replicated one) to ``Shard(1)``."""
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    ln, ref = nn.LayerNorm(6), nn.LayerNorm(6)
+    with torch.no_grad():
+        ln.weight.uniform_(0.5, 1.5)
+    ref.load_state_dict(ln.state_dict())
+    parallelize_module(ln, mesh, SequenceParallel())
+    x = torch.randn(2, 8, 6)
+    out = ln(x.chunk(world, 1)[rank])
+    assert isinstance(out, DTensor) and out.shape == (2, 8, 6) and out.placements == (Shard(1),)
+    _eq(out.to_local(), ref(x).chunk(world, 1)[rank].detach())
+    out2 = ln(distribute_tensor(x, mesh, [Replicate()]))
+    assert out2.placements == (Shard(1),)
+    _eq(out2.full_tensor(), ref(x).detach())
+
+
 @reports(
     report_uneven_rowwise_and_colwise_gelu_rowwise,
     report_sequence_parallel_norm_gradients,
     report_sequence_parallel_rms_norm_output,
     report_keyword_inputs_and_a_mesh_of_one,
+    report_vocab_parallel_embedding_padding_idx,
+    report_sequence_parallel_input_is_a_piece,
 )
 def test_reports(report, dist2):
     dist2.run(report)

@@ -130,6 +130,14 @@ def context_parallel(
     seq_dims = [] if buffer_seq_dims is None else list(buffer_seq_dims)
     keep = set() if no_restore_buffers is None else no_restore_buffers
     check_buffers(buffers, seq_dims, keep, torch.nn.Parameter)
+    for i, b in enumerate(buffers):
+        if b.requires_grad:
+            raise ValueError(
+                f"context_parallel: buffers[{i}] requires grad; a buffer is resized in place "
+                f"to this rank's piece, which autograd cannot follow. Pass a tensor that does "
+                f"not require grad (e.g. x.detach()) and turn requires_grad on inside the "
+                f"block if you want the pieces' gradients"
+            )
     if mesh.ndim != 1:
         raise ValueError(
             f"context_parallel takes a 1-D mesh (the context-parallel dim), got {mesh}; "
@@ -158,6 +166,10 @@ def context_parallel(
         _OPEN.reset(token)
         with torch.no_grad():
             for b, o in zip(buffers, originals):
-                if o is not None:
+                if o is None:
+                    continue
+                if b.requires_grad:  # turned on in the block: a leaf autograd cannot resize
+                    b.data = o  # its .grad stays the piece's gradient
+                else:
                     b.resize_(o.shape)
                     b.copy_(o)

@@ -51,8 +51,7 @@ class TorchFSDPModule(FSDPModule):
         st = state_of(self)
         if st is not None and st.group is not None:
             with torch.no_grad():
-                for p in st.group.params:
-                    p.reset_sharded_param()
+                st.group.reset_sharded_params()
         return ret
 
     def __deepcopy__(self, memo: Any) -> Any:

@@ -1,0 +1,305 @@
+"""Public bug reports on ``torch.compile`` over DTensors (docs/compiling.md), each replaying
+the report's program on 2 real gloo ranks, compiled with ``aot_eager``, against plain torch
+on the same values in one process (and eager hyper_shard where the report compared the
+two): outputs and every gradient (each ``report_*`` names its report)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hyper_shard import (
+    DTensor,
+    Partial,
+    Replicate,
+    Shard,
+    distribute_tensor,
+    init_device_mesh,
+)
+from tests._reports import reports
+
+pytestmark = pytest.mark.multiproc
+
+
+def _eq(got, ref):
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def _compile(fn, **kw):
+    return torch.compile(fn, backend="aot_eager", **kw)
+
+
+def report_matmul_of_new_shapes(rank, world):
+    """#154111: one compiled ``x @ y`` of replicated DTensors called again with other
+    shapes ((2, 1) @ (1, 1) then (1, 1), (64, 1), (2, 3) @ (3, 4)...) failed on CPU."""
+    torch._dynamo.reset()
+    mesh = init_device_mesh("cpu", (world,))
+    f = _compile(lambda x, y: x @ y)
+    g = torch.Generator().manual_seed(0)
+    for xs, ys in [((2, 1), (1, 1)), ((1, 1), (1, 1)), ((64, 1), (1, 1)), ((2, 3), (3, 4))]:
+        a, b = torch.randn(xs, generator=g), torch.randn(ys, generator=g)
+        out = f(distribute_tensor(a, mesh, [Replicate()]), distribute_tensor(b, mesh, [Replicate()]))
+        _eq(out.full_tensor(), a @ b)
+
+
+def report_compiled_colwise_output_shard0(rank, world):
+    """#141830: a compiled ``ColwiseParallel(output_layouts=Shard(0))`` under a
+    ``PrepareModuleInput(Shard(0) -> Replicate())`` parent failed with a stride mismatch
+    (eager ran); output and weight gradient against one process."""
+    from hyper_shard.parallel import ColwiseParallel, PrepareModuleInput, parallelize_module
+
+    torch._dynamo.reset()
+    mesh = init_device_mesh("cpu", (world,))
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(8, 8, bias=False)
+
+        def forward(self, x):
+            return self.l(x)
+
+    torch.manual_seed(0)
+    m, ref = M(), M()
+    ref.load_state_dict(m.state_dict())
+    parallelize_module(m.l, mesh, ColwiseParallel(output_layouts=Shard(0)))
+    parallelize_module(
+        m, mesh, PrepareModuleInput(input_layouts=[Shard(0)], desired_input_layouts=[Replicate()])
+    )
+    x = torch.randn(4, 8)
+    out = _compile(m)(x.chunk(world)[rank])
+    out.sum().backward()
+    r = ref(x)
+    r.sum().backward()
+    _eq(out, r.chunk(world)[rank].detach())
+    _eq(m.l.weight.grad.full_tensor(), ref.l.weight.grad)
+
+
+def report_aliased_and_detached_outputs(rank, world):
+    """#184002: a compiled function returning outputs that alias each other (``y``,
+    ``y[:, :1]``, ``y.transpose(0, 1)``) failed ("as_strided not supported with DTensor");
+    #172549: two aliasing outputs, one detached, one differentiable, failed in
+    AOTAutograd's partitioner."""
+    torch._dynamo.reset()
+    mesh = init_device_mesh("cpu", (world,))
+    a = torch.randn(4, 6)
+
+    def fn(x):
+        y = x + 1
+        return y, y[:, :1], y.transpose(0, 1)
+
+    x = distribute_tensor(a.clone(), mesh, [Shard(0)]).requires_grad_()
+    y, aux, t = _compile(fn)(x)
+    (y.sum() + 2 * aux.sum() + 3 * t.sum()).backward()
+    pa = a.clone().requires_grad_()
+    ry, raux, rt = fn(pa)
+    (ry.sum() + 2 * raux.sum() + 3 * rt.sum()).backward()
+    for got, ref in zip((y, aux, t), (ry, raux, rt)):
+        _eq(got.full_tensor(), ref.detach())
+    _eq(x.grad.full_tensor(), pa.grad)
+
+    def f2(x):
+        out = DTensor.from_local(x.to_local().sin(), mesh, [Shard(0)])
+        return out.detach(), out
+
+    x2 = distribute_tensor(a.clone(), mesh, [Shard(0)]).detach().requires_grad_()
+    o1, o2 = _compile(f2)(x2)
+    o2.sum().backward()
+    _eq(o1.full_tensor(), a.sin())
+    _eq(o2.full_tensor(), a.sin())
+    _eq(x2.grad.full_tensor(), a.cos())
+
+
+def report_dynamic_add_of_inputs_requiring_grad(rank, world):
+    """#159709: ``torch.compile(torch.add, dynamic=True, fullgraph=True)`` on rank-3
+    replicated DTensors made by ``from_local`` of tensors requiring grad failed with an
+    untracked symbolic proxy; two shapes, one graph."""
+    torch._dynamo.reset()
+    mesh = init_device_mesh("cpu", (world,))
+    f = _compile(torch.add, dynamic=True, fullgraph=True)
+    for shape in [(5, 10, 5), (3, 4, 6)]:
+        a, b = torch.ones(shape, requires_grad=True), torch.ones(shape, requires_grad=True)
+        x = DTensor.from_local(a, mesh, [Replicate()], run_check=False)
+        y = DTensor.from_local(b, mesh, [Replicate()], run_check=False)
+        out = f(x, y)
+        out.sum().backward()
+        _eq(out.full_tensor(), torch.full(shape, 2.0))
+        _eq(a.grad, torch.ones(shape))
+
+
+def report_partial_graph_output(rank, world):
+    """#118664 / #119485: a compiled region whose output is a ``Partial`` DTensor (``x + x``
+    of a Partial input) failed ("Unexpected fake buffer"), and such outputs fed to later
+    ops trained to wrong values; the sum, the matmul after and the gradients."""
+    torch._dynamo.reset()
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(4, 4, generator=g) for _ in range(world)]
+    yv = torch.randn(4, 4, generator=g)
+    x, y = xs[rank].clone().requires_grad_(), yv.clone().requires_grad_()
+    x_dt = DTensor.from_local(x, mesh, [Partial()], run_check=False)
+    y_dt = DTensor.from_local(y, mesh, [Replicate()], run_check=False)
+    tmp = _compile(lambda t: t + t, fullgraph=True)(x_dt)
+    assert tmp.placements[0].is_partial()
+    out = torch.matmul(tmp, y_dt)
+    out.sum().backward()
+    px, py = torch.stack(xs).sum(0).requires_grad_(), yv.clone().requires_grad_()
+    r = (px + px) @ py
+    r.sum().backward()
+    _eq(out.full_tensor(), r.detach())
+    _eq(x.grad, px.grad)  # a Partial input's gradient: the whole one on every rank
+    _eq(y.grad, py.grad)
+
+
+def report_non_contiguous_output(rank, world):
+    """#118219 / #118596: a compiled ``linear`` between two permutes returns a
+    non-contiguous DTensor; tracing its backward failed in a view."""
+    torch._dynamo.reset()
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(0)
+
+    def fn(x, y, z):
+        tmp = x.permute(0, 2, 1).contiguous()
+        return torch._C._nn.linear(tmp, y, z).permute(0, 2, 1)
+
+    xs = [torch.randn(4, 16, 4, generator=g) for _ in range(world)]
+    ys = [torch.randn(4, 16, generator=g) for _ in range(world)]
+    z = torch.randn(4, generator=g)
+    xl, yl, zl = xs[rank].clone().requires_grad_(), ys[rank].clone(), z.clone()
+    x = DTensor.from_local(xl, mesh, [Shard(1)], run_check=False)
+    y = DTensor.from_local(yl, mesh, [Shard(1)], run_check=False)
+    zz = DTensor.from_local(zl, mesh, [Replicate()], run_check=False)
+    res = _compile(fn, fullgraph=True)(x, y, zz)
+    res.contiguous().sum().backward()
+    px = torch.cat(xs, 1).requires_grad_()
+    ref = fn(px, torch.cat(ys, 1), z)
+    ref.contiguous().sum().backward()
+    _eq(res.full_tensor(), ref.detach())
+    _eq(xl.grad, px.grad.chunk(world, 1)[rank])
+
+
+def report_gradient_of_other_placements(rank, world):
+    """#118600: the compiled region's output (a layer norm between permutes of a
+    ``Shard(1)`` input) gets a gradient of other placements from the matmul after it;
+    the inductor-compiled backward failed on the tangent's size."""
+    torch._dynamo.reset()
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(0)
+
+    def fn(x, y, z):
+        ln = F.layer_norm(x.permute(0, 2, 1).contiguous(), (4,), y, z, 1e-5)
+        return ln.permute(0, 2, 1)
+
+    xv = torch.randn(4, 2 * world, 4, generator=g)
+    yv, zv = torch.randn(4, generator=g), torch.randn(4, generator=g)
+    xl = xv.chunk(world, 1)[rank].clone().requires_grad_()
+    yl, zl = yv.clone().requires_grad_(), zv.clone().requires_grad_()
+    x = DTensor.from_local(xl, mesh, [Shard(1)], run_check=False)
+    y = DTensor.from_local(yl, mesh, [Replicate()], run_check=False)
+    z = DTensor.from_local(zl, mesh, [Replicate()], run_check=False)
+    out = torch.matmul(_compile(fn, fullgraph=True)(x, y, z), x).permute(0, 2, 1)
+    out.sum().backward()
+    px, py, pz = (t.clone().requires_grad_() for t in (xv, yv, zv))
+    r = torch.matmul(fn(px, py, pz), px).permute(0, 2, 1)
+    r.sum().backward()
+    _eq(out.full_tensor(), r.detach())
+    _eq(xl.grad, px.grad.chunk(world, 1)[rank])
+    _eq(yl.grad, py.grad)  # from_local(Replicate)'s backward: the whole gradient
+    _eq(zl.grad, pz.grad)
+
+
+def report_dynamic_sequence_gathered(rank, world):
+    """#175690: under ``torch.compile(dynamic=True)``, a ``Shard(1) -> Replicate`` of a
+    dynamically sized sequence (a ``SequenceParallel`` norm, colwise q/k/v viewed to
+    heads, causal attention, a rowwise output back to ``Shard(1)``) gave the gathered
+    dim the size ``n * ceil(s / n)``; sequence lengths 6 and 10 against one process."""
+    from hyper_shard.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    torch._dynamo.reset()
+    mesh = init_device_mesh("cpu", (world,))
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(8)
+            self.q, self.k, self.v, self.o = (nn.Linear(8, 8) for _ in range(4))
+
+        def forward(self, x):
+            h = self.norm(x)
+            b, t, _ = h.shape
+            q, k, v = (m(h).view(b, t, -1, 2).transpose(1, 2) for m in (self.q, self.k, self.v))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o(a.transpose(1, 2).reshape(b, t, -1))
+
+    torch.manual_seed(0)
+    m = Attn()
+    ref = copy.deepcopy(m)
+    parallelize_module(
+        m,
+        mesh,
+        {
+            "norm": SequenceParallel(),
+            "q": ColwiseParallel(),
+            "k": ColwiseParallel(),
+            "v": ColwiseParallel(),
+            "o": RowwiseParallel(output_layouts=Shard(1)),
+        },
+    )
+    m.norm.register_forward_hook(lambda mod, i, o: o.redistribute(placements=[Replicate()]).to_local())
+    mc = _compile(m, dynamic=True)
+    for t in (6, 10):
+        x = torch.randn(2, t, 8)
+        _eq(mc(x.chunk(world, 1)[rank]), ref(x).chunk(world, 1)[rank].detach())
+
+
+def report_context_parallel_attention_compiled(rank, world):
+    """PR #131351 (context parallelism with ``torch.compile``; causal and compiled did not
+    work together there): a compiled attention on ``Shard(2)`` (sequence) DTensors. Here a
+    forced ``"ring"`` hung the ranks (its point-to-point loop ran inside the trace) and the
+    causal all-gather form failed on a causal mask kept from another trace; each method,
+    causal or not, a new and a warm layout cache."""
+    from hyper_shard.experimental import set_context_parallel_method
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 4, generator=g) for _ in range(3))
+    try:
+        for method in ("ring", "allgather", "auto"):
+            set_context_parallel_method(method)
+            for causal, warm in ((True, False), (False, False), (True, True)):
+                torch._dynamo.reset()
+
+                def fn(a, b, c, causal=causal):
+                    return F.scaled_dot_product_attention(a, b, c, is_causal=causal)
+
+                dq = [distribute_tensor(t.clone(), mesh, [Shard(2)]) for t in (q, k, v)]
+                if warm:
+                    fn(*dq)  # the eager decision first
+                out = _compile(fn)(*dq)
+                _eq(out.full_tensor(), F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    finally:
+        set_context_parallel_method("auto")
+
+
+@reports(
+    report_matmul_of_new_shapes,
+    report_compiled_colwise_output_shard0,
+    report_aliased_and_detached_outputs,
+    report_dynamic_add_of_inputs_requiring_grad,
+    report_partial_graph_output,
+    report_non_contiguous_output,
+    report_gradient_of_other_placements,
+    report_dynamic_sequence_gathered,
+    report_context_parallel_attention_compiled,
+)
+def test_reports(report, dist2):
+    dist2.run(report)
