@@ -599,8 +599,10 @@ def distribute_tensor(
             for m in range(device_mesh.ndim):
                 if device_mesh.shape[m] > 1:
                     full = plat.broadcast(full, src_coord[m], device_mesh._group(m))
-                    for counter in COUNTERS:  # hyper_shard.debug.comm_counter / CommDebugMode
-                        counter["broadcast"] = counter.get("broadcast", 0) + 1
+                    me = device_mesh.get_rank()
+                    for rank, counter in COUNTERS:  # debug.comm_counter / CommDebugMode
+                        if rank is None or rank == me:
+                            counter["broadcast"] = counter.get("broadcast", 0) + 1
         finally:
             frames.pop()
     local = plat.contiguous(

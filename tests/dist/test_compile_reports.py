@@ -42,7 +42,9 @@ def report_matmul_of_new_shapes(rank, world):
     g = torch.Generator().manual_seed(0)
     for xs, ys in [((2, 1), (1, 1)), ((1, 1), (1, 1)), ((64, 1), (1, 1)), ((2, 3), (3, 4))]:
         a, b = torch.randn(xs, generator=g), torch.randn(ys, generator=g)
-        out = f(distribute_tensor(a, mesh, [Replicate()]), distribute_tensor(b, mesh, [Replicate()]))
+        out = f(
+            distribute_tensor(a, mesh, [Replicate()]), distribute_tensor(b, mesh, [Replicate()])
+        )
         _eq(out.full_tensor(), a @ b)
 
 
@@ -254,7 +256,9 @@ def report_dynamic_sequence_gathered(rank, world):
             "o": RowwiseParallel(output_layouts=Shard(1)),
         },
     )
-    m.norm.register_forward_hook(lambda mod, i, o: o.redistribute(placements=[Replicate()]).to_local())
+    m.norm.register_forward_hook(
+        lambda mod, i, o: o.redistribute(placements=[Replicate()]).to_local()
+    )
     mc = _compile(m, dynamic=True)
     for t in (6, 10):
         x = torch.randn(2, t, 8)
