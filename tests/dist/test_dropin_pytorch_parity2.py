@@ -235,6 +235,21 @@ def check_parity2(rank, world):
 
     _both(mesh_error_phrases, "DeviceMesh error messages")
 
+    def safe_softmax(L):
+        # test_dtensor_ops' aten._safe_softmax sample (a fully masked row gives zeros); the
+        # global values compared (over a sharded dim the placements are the cost model's)
+        x = _r(4, 8, 6, seed=9)
+        x[1, 2, :] = float("-inf")
+        return [
+            torch.ops.aten._safe_softmax.default(
+                L.distribute_tensor(x, L.mesh((world,)), [pl]), d
+            ).full_tensor()
+            for pl in (L.Shard(0), L.Shard(2), L.Replicate())
+            for d in (-1, 1)
+        ]
+
+    _both(safe_softmax, "aten._safe_softmax")
+
     _both(compiled_autograd_tp, "TP MLP backward under compiled autograd")
     return _done()
 
