@@ -250,6 +250,24 @@ def check_parity2(rank, world):
 
     _both(safe_softmax, "aten._safe_softmax")
 
+    def grid_sampler(L):
+        # test_dtensor_ops' grid_sampler_2d sample: the op behind F.grid_sample, integer modes
+        x, grid = _r(4, 3, 5, 20, seed=10), torch.tanh(_r(4, 13, 10, 2, seed=11))
+        mesh = L.mesh((world,))
+        return [
+            torch.grid_sampler_2d(
+                L.distribute_tensor(x, mesh, [pl]),
+                L.distribute_tensor(grid, mesh, [L.Replicate()]),
+                m,
+                1,
+                False,
+            ).full_tensor()
+            for pl in (L.Shard(0), L.Shard(1), L.Replicate())
+            for m in (0, 1)
+        ]
+
+    _both(grid_sampler, "torch.grid_sampler_2d")
+
     _both(compiled_autograd_tp, "TP MLP backward under compiled autograd")
     return _done()
 
