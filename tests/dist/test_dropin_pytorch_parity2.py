@@ -268,6 +268,19 @@ def check_parity2(rank, world):
 
     _both(grid_sampler, "torch.grid_sampler_2d")
 
+    # test_dtensor_ops' max_unpool3d sample: F.max_unpool1d/2d/3d on batch, channel and
+    # spatial shards equal plain torch's
+    for pool, unpool, shape in (
+        (F.max_pool1d, F.max_unpool1d, (4, 4, 8)),
+        (F.max_pool2d, F.max_unpool2d, (4, 8, 8)),
+        (F.max_pool3d, F.max_unpool3d, (4, 4, 4, 4, 4)),
+    ):
+        v, i = pool(_r(*shape, seed=12), 2, return_indices=True)
+        for pl in (hs.Shard(0), hs.Shard(1), hs.Shard(len(shape) - 1)):
+            dv, di = (hs.distribute_tensor(t, mesh, [pl]) for t in (v, i))
+            if not torch.equal(unpool(dv, di, 2).full_tensor(), unpool(v, i, 2)):
+                _FAILS.append(f"{unpool.__name__} on {pl} differs from torch's")
+
     _both(compiled_autograd_tp, "TP MLP backward under compiled autograd")
     return _done()
 
