@@ -281,6 +281,15 @@ def check_parity2(rank, world):
             if not torch.equal(unpool(dv, di, 2).full_tensor(), unpool(v, i, 2)):
                 _FAILS.append(f"{unpool.__name__} on {pl} differs from torch's")
 
+    # test_dtensor_ops' lu_unpack sample: batched factors, batch-sharded or Replicate
+    LU, piv = torch.linalg.lu_factor(_r(4, 5, 3, seed=13).double())
+    for pl in (hs.Shard(0), hs.Replicate()):
+        got = torch.lu_unpack(
+            hs.distribute_tensor(LU, mesh, [pl]), hs.distribute_tensor(piv, mesh, [pl])
+        )
+        if not all(torch.equal(a.full_tensor(), b) for a, b in zip(got, torch.lu_unpack(LU, piv))):
+            _FAILS.append(f"lu_unpack on {pl} differs from torch's")
+
     _both(compiled_autograd_tp, "TP MLP backward under compiled autograd")
     return _done()
 
