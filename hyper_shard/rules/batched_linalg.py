@@ -105,6 +105,19 @@ def _lu_outs(c: dict[str, Shape], st: dict[str, Any]) -> list[Out]:
     return [(p_shape, None if p_shape != (0,) else "-"), ((m, k), None), ((k, n), None)]
 
 
+def _lu_unpack_outs(c: dict[str, Shape], st: dict[str, Any]) -> list[Out]:
+    # torch.lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots): (P, L, U), an empty
+    # tensor for a part not unpacked
+    m, n = c["LU_data"]
+    k = min(m, n)
+    data = st.get("unpack_data")
+    piv = st.get("unpack_pivots")
+    outs: list[Out] = [((m, m), None) if piv is None or piv else ((0,), "-")]
+    if data is None or data:
+        return outs + [((m, k), None), ((k, n), None)]
+    return outs + [((0,), "-"), ((0,), "-")]
+
+
 def _solve_outs(c: dict[str, Shape], st: dict[str, Any]) -> list[Out]:
     return [(c["B"], None)]
 
@@ -200,6 +213,12 @@ _KINDS: dict[str, _Kind] = {
         (),
         {"LU": 2, "pivots": 1, "B": 2},
         _solve_outs,
+    ),
+    "lu_unpack": _k(
+        ("LU_data", "LU_pivots", "unpack_data", "unpack_pivots"),
+        ("unpack_data", "unpack_pivots"),
+        {"LU_data": 2, "LU_pivots": 1},
+        _lu_unpack_outs,
     ),
     "lu_solve_old": _k(
         ("input", "LU_data", "LU_pivots"),

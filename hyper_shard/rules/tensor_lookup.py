@@ -17,6 +17,8 @@ functions of the same names; the local call is the op itself on the local shards
 * ``embedding_bag`` keeps a weight column shard (the output's last dim), a batch shard of a
   2-d input of bags, and a weight ``Partial`` for ``sum``/``mean``; ``cdist`` keeps batch
   shards and each point set's own dim (the distance's feature dim is gathered); ``pdist``,
+  ``max_unpool`` keeps the batch/channel shards of input and indices, the spatial dims
+  gathered (the indices are flat positions in each plane's output).
   ``cov`` and ``corrcoef`` pair every row with every other: their inputs are gathered.
 
 Framework-neutral: nothing here imports a platform.
@@ -429,6 +431,27 @@ def _plan_grid_sample(op: Any, call: OpCall, st: dict) -> OpPlan:
     maps = [{0: 0, 1: 1} if s is x else {0: 0} for s in call.specs]
     flags = [s is x for s in call.specs]
     return OpPlan([shape], keep_strategies(maps, 1, partials_of([x]), flags))
+
+
+@_KINDS.kind(
+    "max_unpool", ("input", "indices", "output_size", "stride", "padding"), ("output_size",)
+)
+def _plan_max_unpool(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch._C._nn.max_unpool2d/3d(input (*lead, *in), indices (same), output_size): (*lead,
+    # *output_size), as F.max_unpool1d/2d/3d call them; the indices address each lead
+    # (batch, channel) plane's flattened output, so lead shards are kept on input and
+    # indices and the spatial dims gathered; a Partial input is reduced first
+    x, idx = _role(call, "input"), _role(call, "indices")
+    size = st.get("output_size")
+    if x is None or idx is None or not isinstance(size, (list, tuple)) or not size:
+        raise ShardingError(
+            f"{call.describe()}: max_unpool needs DTensor input and indices and an output_size"
+        )
+    size = [as_int(s, "output_size") for s in size]
+    lead = x.ndim - len(size)
+    shape = (*x.shape[:lead], *size)
+    maps = [{d: d for d in range(lead)} if (s is x or s is idx) else None for s in call.specs]
+    return OpPlan([shape], keep_strategies(maps, 1))
 
 
 @_KINDS.kind("affine_grid", ("theta", "size", "align_corners"), ("size",))

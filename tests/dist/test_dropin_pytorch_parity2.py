@@ -235,6 +235,61 @@ def check_parity2(rank, world):
 
     _both(mesh_error_phrases, "DeviceMesh error messages")
 
+    def safe_softmax(L):
+        # test_dtensor_ops' aten._safe_softmax sample (a fully masked row gives zeros); the
+        # global values compared (over a sharded dim the placements are the cost model's)
+        x = _r(4, 8, 6, seed=9)
+        x[1, 2, :] = float("-inf")
+        return [
+            torch.ops.aten._safe_softmax.default(
+                L.distribute_tensor(x, L.mesh((world,)), [pl]), d
+            ).full_tensor()
+            for pl in (L.Shard(0), L.Shard(2), L.Replicate())
+            for d in (-1, 1)
+        ]
+
+    _both(safe_softmax, "aten._safe_softmax")
+
+    def grid_sampler(L):
+        # test_dtensor_ops' grid_sampler_2d sample: the op behind F.grid_sample, integer modes
+        x, grid = _r(4, 3, 5, 20, seed=10), torch.tanh(_r(4, 13, 10, 2, seed=11))
+        mesh = L.mesh((world,))
+        return [
+            torch.grid_sampler_2d(
+                L.distribute_tensor(x, mesh, [pl]),
+                L.distribute_tensor(grid, mesh, [L.Replicate()]),
+                m,
+                1,
+                False,
+            ).full_tensor()
+            for pl in (L.Shard(0), L.Shard(1), L.Replicate())
+            for m in (0, 1)
+        ]
+
+    _both(grid_sampler, "torch.grid_sampler_2d")
+
+    # test_dtensor_ops' max_unpool3d sample: F.max_unpool1d/2d/3d on batch, channel and
+    # spatial shards equal plain torch's
+    for pool, unpool, shape in (
+        (F.max_pool1d, F.max_unpool1d, (4, 4, 8)),
+        (F.max_pool2d, F.max_unpool2d, (4, 8, 8)),
+        (F.max_pool3d, F.max_unpool3d, (4, 4, 4, 4, 4)),
+    ):
+        v, i = pool(_r(*shape, seed=12), 2, return_indices=True)
+        for pl in (hs.Shard(0), hs.Shard(1), hs.Shard(len(shape) - 1)):
+            dv, di = (hs.distribute_tensor(t, mesh, [pl]) for t in (v, i))
+            if not torch.equal(unpool(dv, di, 2).full_tensor(), unpool(v, i, 2)):
+                _FAILS.append(f"{unpool.__name__} on {pl} differs from torch's")
+
+    # test_dtensor_ops' lu_unpack sample: batched factors, batch-sharded or Replicate
+    LU, piv = torch.linalg.lu_factor(_r(4, 5, 3, seed=13).double())
+    for pl in (hs.Shard(0), hs.Replicate()):
+        got = torch.lu_unpack(
+            hs.distribute_tensor(LU, mesh, [pl]), hs.distribute_tensor(piv, mesh, [pl])
+        )
+        if not all(torch.equal(a.full_tensor(), b) for a, b in zip(got, torch.lu_unpack(LU, piv))):
+            _FAILS.append(f"lu_unpack on {pl} differs from torch's")
+
     _both(compiled_autograd_tp, "TP MLP backward under compiled autograd")
     return _done()
 
