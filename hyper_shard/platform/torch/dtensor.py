@@ -34,6 +34,21 @@ _R = Replicate()
 __all__ = ["TorchDTensor", "wrap", "make_leaf", "PROTOCOL_HANDLERS"]
 
 
+_OpOverload = torch._ops.OpOverload
+
+
+def _in_compiled_backward() -> bool:
+    """Whether torch's engine runs a compiled region's backward right now. Dynamo runs a
+    region's forward graph with ``__torch_function__`` of subclasses disabled, but not
+    its backward graph, whose saved inputs are the region's DTensor inputs themselves
+    (``(a * a) @ b`` saves ``a``): their aten calls there are local ops of the recorded
+    local program, never DTensor ops to dispatch again ([Note: compiled DTensor])."""
+    if torch._C._current_graph_task_id() == -1:
+        return False
+    node = torch._C._current_autograd_node()
+    return node is not None and node.name() == "CompiledFunctionBackward"
+
+
 class TorchDTensor(DTensor, torch.Tensor):  # type: ignore[misc]
     """hyper_shard's DTensor on PyTorch (see :class:`hyper_shard.DTensor`)."""
 
@@ -43,6 +58,9 @@ class TorchDTensor(DTensor, torch.Tensor):  # type: ignore[misc]
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if _is_dynamo_compiling():  # dynamo traces this call: [Note: compiled DTensor]
             return _compiled.torch_function(func, args, kwargs or {})
+        if type(func) is _OpOverload and _in_compiled_backward():
+            with DisableTorchFunctionSubclass():  # the graph's ops are local ones
+                return func(*args, **(kwargs or {}))
         h = PROTOCOL_HANDLERS.get(func)
         if h is not None:
             return h(args, kwargs or {})
