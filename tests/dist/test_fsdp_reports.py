@@ -298,9 +298,7 @@ def report_shard_dim_of_one(rank, world):
     mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard"))
     ref = _mlp()
     with torch.device("meta"):
-        m = nn.Sequential(
-            nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 2)
-        )
+        m = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 2))
     _shard_mlp(m, mesh)
     m.to_empty(device="cpu")
     for mod in m.modules():

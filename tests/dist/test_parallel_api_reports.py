@@ -169,7 +169,9 @@ def report_vocab_parallel_embedding_padding_idx(rank, world):
         out, r = emb(ids), ref(ids)
         _eq(out, r.chunk(world, 1)[rank].detach())
         (out * (rank + 1)).sum().backward()
-        (r * torch.arange(1.0, world + 1).repeat_interleave(4 // world).view(1, 4, 1)).sum().backward()
+        (
+            r * torch.arange(1.0, world + 1).repeat_interleave(4 // world).view(1, 4, 1)
+        ).sum().backward()
         _eq(emb.weight.grad.full_tensor(), ref.weight.grad)
         _eq(emb.weight.full_tensor(), ref.weight.detach())
 
