@@ -30,6 +30,7 @@ from ...kernels.attention_layout import (
     check_buffers,
     layout_of,
     local_piece,
+    output_piece,
     using_layout,
 )
 
@@ -60,23 +61,11 @@ def _sequence_attention(orig: Any, mesh: Any, layout: SequenceLayout, even: bool
                 "on sequence pieces is not supported (as PyTorch's context_parallel); use "
                 "is_causal=True, or call it outside the context"
             )
+        dq, dk, dv = view(query), view(key), view(value)
         with using_layout(layout):
-            out = orig(view(query), view(key), view(value), *args, **kwargs)
-        piece = [Shard(out.ndim - 2)]
-        if tuple(out.placements) != tuple(piece):
-            # the rule may leave the output otherwise (a query shorter than the key and
-            # value: the all-gather form's output replicated); the caller gets its piece
-            causal = kwargs.get("is_causal", args[2] if len(args) > 2 else False)
-            if causal and layout.balanced:  # its mask was the plain one on laid-out rows
-                raise NotImplementedError(
-                    f"context_parallel: causal attention of a query of length "
-                    f"{out.shape[-2]} on keys of length {key.shape[-2] * mesh.size()} "
-                    f"(the load-balanced layout) ran gathered, where the causal mask does not "
-                    f"follow the layout; call set_load_balance(False) before the context, or "
-                    f"set_context_parallel_method('ulysses')"
-                )
-            out = out.redistribute(mesh, piece)
-        return out.to_local()
+            out = orig(dq, dk, dv, *args, **kwargs)
+        causal = bool(kwargs.get("is_causal", args[2] if len(args) > 2 else False))
+        return output_piece(out, mesh, layout, causal, dk.shape[-2])
 
     return sdpa
 
