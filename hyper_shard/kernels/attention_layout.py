@@ -296,3 +296,27 @@ _OPTIONS = CPOptions()
 def cp_options() -> CPOptions:
     """The process-wide :class:`CPOptions`."""
     return _OPTIONS
+
+
+def output_piece(out: Any, mesh: Any, layout: SequenceLayout, causal: bool, kv_len: int) -> Any:
+    """The local sequence piece of a context-parallel attention's output DTensor, whatever
+    placement the attention rule left it in (a query shorter than the key and value on the
+    all-gather form comes back replicated), for every platform's ``context_parallel``.
+
+    Raises:
+        NotImplementedError: ``causal`` on such a gathered form in the load-balanced
+            layout (the plain causal mask there does not follow the layout), on every rank.
+    """
+    from ..placement import Shard
+
+    piece = [Shard(out.ndim - 2)]
+    if tuple(out.placements) != tuple(piece):
+        if causal and layout.balanced:
+            raise NotImplementedError(
+                f"context_parallel: causal attention of a query of length {out.shape[-2]} "
+                f"on keys of length {kv_len} (the load-balanced layout) ran gathered, where "
+                f"the causal mask does not follow the layout; call set_load_balance(False) "
+                f"before the context, or set_context_parallel_method('ulysses')"
+            )
+        out = out.redistribute(mesh, piece)
+    return out.to_local()

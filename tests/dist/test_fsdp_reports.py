@@ -351,8 +351,64 @@ def report_module_to_dtype_after_fully_shard(rank, world):
             _eq(_full(sd[k]), v)
 
 
+class _SACBlock(nn.Module):
+    """A residual MLP whose MLP runs under selective activation checkpointing (the
+    matmuls' outputs saved, the rest recomputed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(6, 8), nn.Linear(8, 6)
+
+    def mlp(self, x):
+        return self.down(torch.tanh(self.up(x)))
+
+    def forward(self, x):
+        from torch.utils.checkpoint import (
+            CheckpointPolicy,
+            checkpoint,
+            create_selective_checkpoint_contexts,
+        )
+
+        def policy(ctx, op, *args, **kwargs):
+            mm = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+            return CheckpointPolicy.MUST_SAVE if op in mm else CheckpointPolicy.PREFER_RECOMPUTE
+
+        def context_fn():
+            return create_selective_checkpoint_contexts(policy)
+
+        return x + checkpoint(self.mlp, x, use_reentrant=False, context_fn=context_fn)
+
+
+def report_selective_checkpoint_varying_lengths_clipped(rank, world):
+    """mindspore-ai/hyper-parallel#448 (its FSDP cases): selective activation
+    checkpointing inside the units, five steps of different sequence lengths (no hang),
+    ``clip_grad_norm_`` of the DTensor gradients (the global norm, not each shard's);
+    norms and parameters after SGD against one process."""
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    m = nn.Sequential(_SACBlock(), _SACBlock())
+    ref = copy.deepcopy(m)
+    for u in (m[0], m[1], m):
+        fully_shard(u, mesh=mesh)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    for t in (3, 5, 4, 7, 2):
+        x = torch.randn(2 * world, t, 6, generator=g)
+        m(x.chunk(world)[rank]).pow(2).mean().backward()
+        ref(x).pow(2).mean().backward()
+        norm = torch.nn.utils.clip_grad_norm_(m.parameters(), 0.3)
+        _eq(_full(norm), torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.3))
+        for o in (opt, ropt):
+            o.step()
+            o.zero_grad()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        _eq(_full(p), q.detach(), rtol=1e-5, atol=1e-5)
+
+
 @reports(
     report_module_to_dtype_after_fully_shard,
+    report_selective_checkpoint_varying_lengths_clipped,
     report_root_reshard_after_forward,
     report_checkpointed_root_with_mixed_precision,
     report_unit_whose_parameters_are_unused,

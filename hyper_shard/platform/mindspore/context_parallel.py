@@ -27,6 +27,7 @@ from ...kernels.attention_layout import (
     check_buffers,
     layout_of,
     local_piece,
+    output_piece,
     using_layout,
 )
 from . import functional
@@ -57,9 +58,11 @@ def _sequence_attention(orig: Any, mesh: Any, layout: SequenceLayout, even: bool
                 "on sequence pieces is not supported (as PyTorch's context_parallel); use "
                 "is_causal=True, or call it outside the context"
             )
+        dq, dk, dv = view(query), view(key), view(value)
         with using_layout(layout):
-            out = orig(view(query), view(key), view(value), *args, **kwargs)
-        return out.to_local()
+            out = orig(dq, dk, dv, *args, **kwargs)
+        causal = bool(kwargs.get("is_causal", args[2] if len(args) > 2 else False))
+        return output_piece(out, mesh, layout, causal, dk.shape[-2])
 
     return sdpa
 

@@ -180,7 +180,10 @@ def in_compiled_backward() -> bool:
     Dynamo runs a compiled region's forward graph with ``__torch_function__`` subclasses
     disabled (its aten ops on DTensor inputs are local ops), but not the backward graph
     AOTAutograd built with it, whose saved tensors include the DTensor inputs themselves
-    (``x * w`` saves ``x`` and ``w``): there an aten op on a DTensor is a local op too."""
+    (``x * w`` saves ``x`` and ``w``): there an aten op on a DTensor is a local op too,
+    metadata ones included (the graph's program is the local one)."""
+    if torch._C._current_graph_task_id() == -1:  # no backward running: the eager fast exit
+        return False
     node = torch._C._current_autograd_node()
     return node is not None and node.name() == "CompiledFunctionBackward"
 

@@ -32,6 +32,7 @@ from ...kernels.attention_layout import (
     check_buffers,
     layout_of,
     local_piece,
+    output_piece,
     using_layout,
 )
 
@@ -72,9 +73,11 @@ def _sequence_attention(
             "on sequence pieces is not supported (as PyTorch's context_parallel); use "
             "is_causal=True, or call it outside the context"
         )
+    dq, dk, dv = view(query), view(key), view(value)
     with using_layout(layout):
-        out = orig(view(query), view(key), view(value), *args, **kwargs)
-    return out.to_local()
+        out = orig(dq, dk, dv, *args, **kwargs)
+    causal = bool(kwargs.get("is_causal", args[2] if len(args) > 2 else False))
+    return output_piece(out, mesh, layout, causal, dk.shape[-2])
 
 
 #: this thread's open contexts, innermost last: (mesh, layout, even). Per thread, so rank

@@ -44,11 +44,11 @@ class TorchDTensor(DTensor, torch.Tensor):  # type: ignore[misc]
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if _is_dynamo_compiling():  # dynamo traces this call: [Note: compiled DTensor]
             return _compiled.torch_function(func, args, kwargs or {})
+        if type(func) is _OpOverload and _in_compiled_backward():
+            return _local_op(func, args, kwargs or {})  # [Note: compiled DTensor]
         h = PROTOCOL_HANDLERS.get(func)
         if h is not None:
             return h(args, kwargs or {})
-        if type(func) is _OpOverload and _in_compiled_backward():
-            return _local_op(func, args, kwargs or {})
         return _dm.torch_dispatch(func, args, kwargs or {})
 
     # torch.distributed.checkpoint's tensor-subclass protocol (see platform/torch/dcp.py)
