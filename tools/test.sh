@@ -4,9 +4,12 @@
 # Usage: bash tools/test.sh [pytest args...]
 #
 # Without a path among the arguments, the suite runs as two pytest sessions at once: the
-# MindSpore tests (tests/mindspore, their own pools of MindSpore ranks) and everything
-# else. Each MindSpore rank spends much of its time waiting (its start-up and teardown,
-# its collectives), which the other session's ranks fill; the two never share a process.
+# MindSpore tests (tests/mindspore, their own pools of MindSpore ranks) followed by the
+# OpInfo conformance suite (tests/conformance), and everything else. Each MindSpore rank
+# spends much of its time waiting (its start-up and teardown, its collectives), which the
+# other session's ranks fill; the two never share a process (every rank is spawned, and
+# the pytest processes never import MindSpore). The conformance suite (about 3 minutes)
+# rides with the MindSpore tests so that the two sessions end at about the same time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
@@ -39,13 +42,17 @@ fi
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 rc_ms=0
-"${PYTEST[@]}" "$@" tests/mindspore > "$logs/ms.txt" 2>&1 &
+first=(tests/mindspore)
+[ -d tests/conformance ] && first+=(tests/conformance)
+"${PYTEST[@]}" "$@" "${first[@]}" > "$logs/ms.txt" 2>&1 &
 ms_pid=$!
 rc_main=0
-"${PYTEST[@]}" "$@" --ignore=tests/mindspore 2>&1 | tee "$logs/main.txt" || rc_main=${PIPESTATUS[0]}
+ignore=()
+for d in "${first[@]}"; do ignore+=("--ignore=$d"); done
+"${PYTEST[@]}" "$@" "${ignore[@]}" 2>&1 | tee "$logs/main.txt" || rc_main=${PIPESTATUS[0]}
 wait "$ms_pid" || rc_ms=$?
 echo
-echo "---------------------------------------- tests/mindspore (run at the same time)"
+echo "---------------------------------------- ${first[*]} (run at the same time)"
 cat "$logs/ms.txt"
 echo "tests: pytest took $((SECONDS - start)) s (two sessions at once)"
 # exit 5 (no test collected) is fine for one session (e.g. -m "not mindspore"), not both
