@@ -114,6 +114,10 @@ class _Alias(torch.autograd.Function):
             return ctx.bwd(g), None
 
 
+#: the least time a new group's rendezvous may take (see :meth:`TorchPlatform.new_group`)
+RENDEZVOUS_MIN = timedelta(seconds=60)
+
+
 def _pg_timeout(pg: Any) -> timedelta | None:
     """The collective timeout of a torch process group (its backend's options), or None."""
     for dev in ("cpu", "cuda", "npu", "xpu"):
@@ -245,7 +249,12 @@ class TorchPlatform(Platform):
 
         The whole world reuses the default group, unless an explicit timeout (``timeout``
         or ``HYPER_SHARD_TIMEOUT``) differs from the default group's: then it gets its own
-        group with that timeout. Other groups get ``timeout`` (default 10 minutes)."""
+        group with that timeout. Other groups get ``timeout`` (default 10 minutes).
+
+        The timeout bounds the group's collectives; its rendezvous (the backend connecting
+        every pair of ranks, which waits for the slowest rank to arrive) gets at least
+        :data:`RENDEZVOUS_MIN`, so a short collective timeout does not fail the creation of
+        a group whose ranks started seconds apart on a loaded machine."""
         ranks = list(ranks)
         want = explicit_timeout(timeout)
         if sorted(ranks) == list(range(dist.get_world_size())):
@@ -254,7 +263,12 @@ class TorchPlatform(Platform):
             if want is None or want == have:
                 return TorchGroup(pg, ranks, have)
         td = want or resolve_timeout(None)
-        return TorchGroup(dist.new_group(ranks, timeout=td), ranks, td)
+        if td >= RENDEZVOUS_MIN:
+            return TorchGroup(dist.new_group(ranks, timeout=td), ranks, td)
+        pg = dist.new_group(ranks, timeout=RENDEZVOUS_MIN)
+        if pg is not None and pg is not dist.GroupMember.NON_GROUP_MEMBER:
+            dist.distributed_c10d._set_pg_timeout(td, pg)  # the collectives' bound
+        return TorchGroup(pg, ranks, td)
 
     # ------------------------------------------------------------ local primitives
     def shape(self, t: Any) -> tuple[int, ...]:
