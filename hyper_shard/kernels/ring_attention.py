@@ -118,6 +118,13 @@ def block_plan(
     return [c for c in calls if c[1] and c[3]]
 
 
+def shift_route(plat: Any) -> str:
+    """How this kernel's key/value shift runs on ``plat`` (``"send_recv"`` or
+    ``"all_gather"``: :func:`hyper_shard.platform.compose.shift_route`), for the rule's
+    cost model, which must not import a platform."""
+    return compose.shift_route(plat)
+
+
 class RingAttention:
     """The local kernel of ring attention (see the module docstring); called like
     ``scaled_dot_product_attention`` with the local pieces (``attn_mask=None``,

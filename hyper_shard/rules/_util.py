@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..placement import Placement, Replicate, Shard
-
-if TYPE_CHECKING:
-    from ..platform.base import Platform
 
 __all__ = [
     "broadcast_shapes",
@@ -145,7 +142,7 @@ class ReplicatedResult:
 
     __slots__ = ("func", "mesh", "platform")
 
-    def __init__(self, func: Any, mesh: Any, platform: Platform) -> None:
+    def __init__(self, func: Any, mesh: Any, platform: Any) -> None:
         self.func, self.mesh, self.platform = func, mesh, platform
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -47,9 +47,8 @@ from ..dispatch.search import SingleDimStrategy, search_strategy
 from ..errors import ShardingError
 from ..kernels.attention_alltoall import AllToAllAttention
 from ..kernels.attention_layout import cp_options
-from ..kernels.ring_attention import RingAttention
+from ..kernels.ring_attention import RingAttention, shift_route
 from ..placement import Shard, normalize_placements
-from ..platform.compose import shift_route
 from ..redistribute.planner import cost_model_for
 
 if TYPE_CHECKING:

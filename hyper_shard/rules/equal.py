@@ -12,16 +12,13 @@ too).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..errors import ShardingError
 from ..placement import Partial, Placement
 from . import register_rule
 from ._util import R
-
-if TYPE_CHECKING:
-    from ..platform.base import Comm
 
 __all__ = ["AllcloseOp", "EqualOp"]
 
@@ -41,7 +38,7 @@ class _AllEqual:
 
     __slots__ = ("func", "plat", "mesh")
 
-    def __init__(self, func: Any, plat: Comm, mesh: Any) -> None:
+    def __init__(self, func: Any, plat: Any, mesh: Any) -> None:
         self.func, self.plat, self.mesh = func, plat, mesh
 
     def __call__(self, *args: Any, **kwargs: Any) -> bool:

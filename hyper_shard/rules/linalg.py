@@ -17,7 +17,7 @@ torch's.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..dispatch.search import SingleDimStrategy
@@ -26,9 +26,6 @@ from ..placement import Partial, Placement, Shard
 from ..registry.models import RuleParams
 from . import register_rule
 from ._util import R
-
-if TYPE_CHECKING:
-    from ..platform.base import Runtime
 
 __all__ = ["DecompositionOp", "DecompositionParams", "DistOp", "DiagOp"]
 
@@ -88,7 +85,7 @@ class DecompositionOp(DistributedOp):
         return [((Shard(d),) * self.n_outputs, (Shard(d),)) for d in range(x.ndim - 2)]
 
 
-def _all_reduce_sum(plat: Runtime, t: Any, groups: tuple) -> Any:
+def _all_reduce_sum(plat: Any, t: Any, groups: tuple) -> Any:
     """Sum over the groups, differentiable (each rank holds an addend, every rank uses the
     sum: the backward all-reduces too)."""
 
@@ -111,7 +108,7 @@ class _ShardedDist:
 
     __slots__ = ("plat", "groups", "p")
 
-    def __init__(self, plat: Runtime, groups: tuple, p: float) -> None:
+    def __init__(self, plat: Any, groups: tuple, p: float) -> None:
         self.plat, self.groups, self.p = plat, groups, p
 
     def __call__(self, a: Any, b: Any, p: Any = 2.0) -> Any:

@@ -26,15 +26,12 @@ Semantics follow the torch functions named in ``op_specs/misc.yaml``.
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..placement import Partial, Placement, Replicate
 from ..registry.models import RuleParams
 from . import register_rule
-
-if TYPE_CHECKING:
-    from ..platform.base import Wrapping
 
 __all__ = ["ConvertOp", "LikeFactoryOp", "MetadataOp", "NewFactoryOp"]
 
@@ -139,7 +136,7 @@ class _LeafFactory:
 
     __slots__ = ("func", "plat", "spec")
 
-    def __init__(self, func: Any, plat: Wrapping, spec: Any) -> None:
+    def __init__(self, func: Any, plat: Any, spec: Any) -> None:
         self.func, self.plat, self.spec = func, plat, spec
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

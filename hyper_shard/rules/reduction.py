@@ -58,7 +58,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -72,9 +72,6 @@ from ..redistribute.planner import cost_model_for
 from ..registry.models import RuleParams
 from . import register_rule
 from .pointwise import PointwiseOp
-
-if TYPE_CHECKING:
-    from ..platform.base import LocalOps
 
 __all__ = [
     "ReductionOp",
@@ -256,7 +253,7 @@ class _MeanAsSum:
     __slots__ = ("binder", "dims", "keepdim", "count", "plat")
 
     def __init__(
-        self, binder: Binder, dims: tuple[int, ...], keepdim: bool, count: int, plat: LocalOps
+        self, binder: Binder, dims: tuple[int, ...], keepdim: bool, count: int, plat: Any
     ) -> None:
         self.binder, self.dims, self.keepdim, self.count = binder, dims, keepdim, count
         self.plat = plat

@@ -17,7 +17,7 @@ DTensors (``rule: as_strided``); semantics as torch's on the GLOBAL tensor.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._creation import local_stride
 from ..dispatch.op import DistributedOp, Layout, OpCall
@@ -26,9 +26,6 @@ from ..placement import Replicate, Shard
 from ..redistribute.executor import redistribute_local
 from ..spec import global_stride, view_stride
 from . import register_rule
-
-if TYPE_CHECKING:
-    from ..platform.base import LocalOps, Runtime
 
 __all__ = ["AsStridedOp"]
 
@@ -41,7 +38,7 @@ class _Identity:
 
     __slots__ = ("func", "plat", "size", "stride", "offset", "describe")
 
-    def __init__(self, func: Any, plat: LocalOps, size: tuple, stride: tuple, offset: Any, d: str):
+    def __init__(self, func: Any, plat: Any, size: tuple, stride: tuple, offset: Any, d: str):
         self.func, self.plat, self.size, self.stride = func, plat, size, stride
         self.offset, self.describe = offset, d
 
@@ -66,9 +63,7 @@ class _GatheredAsStrided:
 
     __slots__ = ("func", "plat", "spec", "size", "stride", "offset")
 
-    def __init__(
-        self, func: Any, plat: Runtime, spec: Any, size: tuple, stride: tuple, offset: Any
-    ):
+    def __init__(self, func: Any, plat: Any, spec: Any, size: tuple, stride: tuple, offset: Any):
         self.func, self.plat, self.spec = func, plat, spec
         self.size, self.stride, self.offset = size, stride, offset
 

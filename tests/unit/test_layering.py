@@ -80,3 +80,20 @@ def test_a_broken_layer_fails_the_contract(
     out = _broken(tmp_path, edits)
     assert f"{LAYERS}" in out and "BROKEN" in out, out
     assert f"{importer} is not allowed to import {imported}" in out, out
+
+
+def test_no_rule_imports_the_platform_package() -> None:
+    """DESIGN.md: rules never import a platform, not even for type checking (the protocols
+    they call are typed ``Any`` there; a kernel answers what a rule must know of one)."""
+    import ast
+    from pathlib import Path
+
+    rules = Path(__file__).resolve().parents[2] / "hyper_shard" / "rules"
+    found = []
+    for path in sorted(rules.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("platform"):
+                found.append(f"{path.name}:{node.lineno}")
+            if isinstance(node, ast.ImportFrom) and node.level and node.module is None:
+                found += [f"{path.name}:{node.lineno}" for a in node.names if a.name == "platform"]
+    assert found == [], f"rules import the platform package: {found}"
