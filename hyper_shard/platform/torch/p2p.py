@@ -106,9 +106,6 @@ class Pending:
                 out.div_(len(parts))
         return out
 
-    def is_completed(self) -> bool:
-        return self.reqs is None
-
 
 def all_gather(
     inp: torch.Tensor, outs: Sequence[torch.Tensor], pg: Any, ranks: Sequence[int], coord: int
