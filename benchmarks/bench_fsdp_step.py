@@ -19,7 +19,9 @@ with a ``dist.barrier()`` before each step. Printed per configuration:
   steps of the slower rank; **ratio = hyper_shard / torch (< 1: hyper_shard faster)**,
   target <= 1.0;
 * collectives per step: the c10d collectives one profiled step issues on rank 0
-  (``torch.profiler`` events ``c10d::*``: all-gather, reduce-scatter, all-reduce...);
+  (``torch.profiler`` events ``c10d::*``: all-gather, reduce-scatter, all-reduce...; on
+  gloo hyper_shard runs all-gather and reduce-scatter as one ``send`` and one ``recv_``
+  per peer, [Note: collectives on gloo] in ``hyper_shard/platform/torch/p2p.py``);
 * bytes held per rank after a step (sharded parameters, gradients, AdamW state: unique
   storages, the largest rank), target <= 1.05x, and the peak of one profiled step: what
   the library holds at its start plus the largest growth of the CPU allocator's total
@@ -337,6 +339,11 @@ def run_config(name: str, args: argparse.Namespace) -> dict[str, float]:
         c = colls[lib]
         detail = ", ".join(f"{k.removeprefix('c10d::')} {v}" for k, v in sorted(c.items()))
         print(f"collectives per step, {lib:<11}: {sum(c.values()):>3} ({detail})")
+        if any(k in c for k in ("c10d::send", "c10d::recv_")):
+            print(
+                f"  ({lib} on gloo runs all-gather and reduce-scatter as isend/irecv, one send "
+                f"and one receive per peer: hyper_shard/platform/torch/p2p.py)"
+            )
     kinds = ("params", "grads", "optimizer")
     held = {
         lib: max(sum(g[1][lib][k] for k in kinds) for g in gathered)

@@ -23,6 +23,7 @@ from ..base import GroupRanks, Platform
 from ..timeouts import explicit_timeout, resolve_timeout
 from . import attention_ops as _ops
 from . import functional_comm as _fc
+from . import p2p as _p2p
 from .compiled_state import _TRACING
 from .compiled_state import TracedDTensor as _TracedDTensor
 
@@ -65,12 +66,26 @@ class TorchGroup(GroupRanks):
     """A torch process group plus the map from mesh coordinate to group rank, and its
     collective timeout (None if unknown)."""
 
-    __slots__ = ("pg", "timeout")
+    __slots__ = ("pg", "timeout", "_p2p")
 
     def __init__(self, pg: Any, ranks: Sequence[int], timeout: timedelta | None = None) -> None:
         super().__init__(ranks)
         self.pg = pg
         self.timeout = timeout
+        self._p2p: int | None = None
+
+    def p2p_coord(self, numel: int) -> int | None:
+        """This rank's coordinate if the group's all-gathers and reduce-scatters of
+        ``numel``-element shards run by point-to-point messages (gloo, from
+        :data:`.p2p.MIN_NUMEL` elements: [Note: collectives on gloo] in :mod:`.p2p`), else
+        None (the backend is asked once per group)."""
+        if numel < _p2p.MIN_NUMEL:
+            return None
+        if self._p2p is None:
+            me = dist.get_rank()
+            ok = len(self.ranks) > 1 and me in self.ranks and _p2p.enabled(self.pg)
+            self._p2p = self.ranks.index(me) if ok else -1
+        return None if self._p2p < 0 else self._p2p
 
     def __repr__(self) -> str:
         return f"TorchGroup(ranks={list(self.ranks)})"
@@ -513,6 +528,13 @@ class TorchPlatform(Platform):
         if t.numel() == 0:
             return [t] * n
         buf = torch.empty((n, *shape), dtype=t.dtype, device=t.device)
+        coord = group.p2p_coord(t.numel())
+        if coord is not None:  # gloo: by point-to-point messages (see _p2p)
+            collective(
+                self, "all_gather", group, shape, t.dtype,
+                _p2p.all_gather, t.contiguous(), list(buf.unbind(0)), group.pg, group.ranks, coord,
+            ).wait()  # fmt: skip
+            return list(buf.unbind(0))
         src = t.contiguous().view(-1)
         collective(
             self, "all_gather", group, shape, t.dtype,
@@ -544,10 +566,18 @@ class TorchPlatform(Platform):
             return _fc.reduce_scatter(pieces, op, group)
         if pieces and pieces[0].dtype is torch.int16:
             return self.reduce_scatter([p.int() for p in pieces], op, group).to(torch.int16)
-        inp = torch.stack(group.to_group_order(pieces))
         out = torch.empty_like(pieces[0], memory_format=torch.contiguous_format)
         if out.numel() == 0:
             return out
+        coord = group.p2p_coord(out.numel())
+        if coord is not None:  # gloo: by point-to-point messages (see _p2p)
+            chunks = [p.contiguous() for p in pieces]
+            pend = collective(
+                self, "reduce_scatter", group, out.shape, out.dtype,
+                _p2p.reduce_scatter, chunks, out, op, group.pg, group.ranks, coord,
+            )  # fmt: skip
+            return pend.wait()
+        inp = torch.stack(group.to_group_order(pieces))
         rop = _OPS["sum" if op == "avg" else op]
         collective(
             self, "reduce_scatter", group, inp.shape, inp.dtype,
@@ -704,6 +734,19 @@ class TorchPlatform(Platform):
     def all_gather_into(
         self, out: torch.Tensor, inp: torch.Tensor, group: TorchGroup, async_op: bool = False
     ) -> Any:
+        k = inp.numel()
+        coord = group.p2p_coord(k)
+        if coord is not None:  # gloo: by point-to-point messages (see _p2p)
+            n = out.numel() // k
+            pend = collective(
+                self, "all_gather (fsdp unit)", group, inp.shape, inp.dtype,
+                _p2p.all_gather, inp, [out.narrow(0, c * k, k) for c in range(n)],
+                group.pg, group.ranks, coord,
+            )  # fmt: skip
+            if async_op:
+                return pend
+            pend.wait()
+            return None
         if group.identity:
             return collective(
                 self, "all_gather (fsdp unit)", group, inp.shape, inp.dtype,
@@ -731,6 +774,22 @@ class TorchPlatform(Platform):
         if "reduce_scatter" not in self.native_collectives:  # the shared composition
             return Platform.reduce_scatter_into(self, out, inp, op, group)
         n = len(group.ranks)
+        coord = group.p2p_coord(out.numel())
+        if coord is not None:  # gloo: by point-to-point messages (see _p2p)
+            if op == "avg":  # divide first, as the native route below
+                inp.div_(n)
+            elif op != "sum":
+                raise ValueError(f"reduce_scatter_into: reduce op {op!r} (use 'sum' or 'avg')")
+            k = out.numel()
+            pend = collective(
+                self, "reduce_scatter (fsdp unit)", group, inp.shape, inp.dtype,
+                _p2p.reduce_scatter, [inp.narrow(0, c * k, k) for c in range(n)], out, "sum",
+                group.pg, group.ranks, coord,
+            )  # fmt: skip
+            if async_op:
+                return pend
+            pend.wait()
+            return None
         if not group.identity:  # chunks go to group ranks: reorder the input
             k = out.numel()
             src = inp
