@@ -28,7 +28,13 @@ from ..redistribute.graph import graph_for
 from ..redistribute.planner import plan_redistribute
 from ..spec import DTensorSpec
 
-__all__ = ["SingleDimStrategy", "SearchResult", "search_strategy", "full_expansion"]
+__all__ = [
+    "SingleDimStrategy",
+    "SearchResult",
+    "search_strategy",
+    "full_expansion",
+    "follow_inputs",
+]
 
 #: (output placements, input placements) for one mesh dim
 SingleDimStrategy = tuple[tuple[Placement, ...], tuple[Placement, ...]]
@@ -50,6 +56,33 @@ class SearchResult:
     inputs: tuple[tuple[Placement, ...], ...]
     outputs: tuple[tuple[Placement, ...], ...]
     cost: float
+
+
+def follow_inputs(
+    specs: Sequence[DTensorSpec], accept: Callable[[tuple, tuple], bool] | None = None
+) -> Callable[[tuple, tuple], bool]:
+    """An ``accept`` for :func:`search_strategy` that keeps every input where it is on each
+    mesh dim or makes it Replicate there (and also asks ``accept``, if given).
+
+    This is PyTorch DTensor's propagation for ops whose op dims must be whole on one rank
+    (softmax, scans, sort / topk / kthvalue / median / mode, reductions without a Partial
+    form such as logsumexp): an op dim sharded on a mesh dim is gathered there (one
+    all-gather), the other mesh dims keep their placements; the search never moves the
+    shard to another tensor dim by an all-to-all, which moves fewer bytes but leaves the
+    output sharded on a dim the caller did not shard — code written for PyTorch DTensor
+    reads ``to_local()`` of such an output as the whole tensor, and PyTorch's own tests
+    assert the Replicate output and the one all-gather.
+    """
+    current = [s.placements for s in specs]
+
+    def follows(ins: tuple, outs: tuple) -> bool:
+        for cur, tgt in zip(current, ins):
+            for p, q in zip(cur, tgt):
+                if q != p and type(q) is not Replicate:
+                    return False
+        return accept is None or accept(ins, outs)
+
+    return follows
 
 
 def _index(strategies: Sequence[SingleDimStrategy], n_out: int, n_in: int) -> dict:

@@ -24,7 +24,14 @@ stay Replicate); Partial values follow ``partial:``, the element op's linearity:
 ``lerp``           ``self`` and ``end`` Partial (a tensor weight Replicate)
 ``copy``           ``self`` and ``src`` with the same Partial op, any op (copy_)
 ``any``            every placement of ``self`` passes (zero_)
-``gather``         none, and the element is gathered whole (norm: a 0-d result)
+``gather``         none, and the element is gathered whole (a 0-d result)
+``norm``           ``_foreach_norm``: an element sharded on a mesh dim is reduced
+                   shard-wise and one all-reduce per set of sharding groups serves
+                   every element (``hyper_shard/kernels/vector_norm.py``): ``Replicate``
+                   0-d results, never the elements' bytes moved
+``powsum``         ``_foreach_powsum`` (``sum |x|^ord``, finite ``ord``): each
+                   element's local sum, ``Partial(sum)`` on the mesh dims sharding it
+                   (as PyTorch DTensor); a Partial element is reduced first
 =================  ============================================================
 
 In-place ops (a name ending in ``_``) keep every ``self`` element where it is: the other
@@ -36,12 +43,15 @@ gets the gradient all-reduced first — the data-parallel all-reduce.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal
 
 from ..dispatch.op import DistributedOp, Layout, OpCall
 from ..dispatch.search import SingleDimStrategy, search_strategy
 from ..errors import ShardingError
+from ..kernels import groups_of
+from ..kernels.vector_norm import ForeachNorms
 from ..placement import Partial, Placement, Shard
 from ..redistribute.planner import cost_model_for
 from ..registry.models import RuleParams
@@ -51,7 +61,18 @@ from ._util import LINEAR_OPS, R, broadcast_shapes
 __all__ = ["ForeachOp", "ForeachParams", "element_strategies"]
 
 PartialMode = Literal[
-    "none", "linear", "bilinear", "first", "addcmul", "addcdiv", "lerp", "copy", "any", "gather"
+    "none",
+    "linear",
+    "bilinear",
+    "first",
+    "addcmul",
+    "addcdiv",
+    "lerp",
+    "copy",
+    "any",
+    "gather",
+    "norm",
+    "powsum",
 ]
 _ROLE = re.compile(r"^(.*)\[(\d+)\]$")
 
@@ -168,6 +189,11 @@ class ForeachOp(DistributedOp):
             )
         inplace = call.platform_name.endswith("_")
         mode = self.params.partial
+        if mode in ("norm", "powsum") and not shared:
+            layout = self._norm_layout(call, groups, n, mode)
+            if layout is not None:
+                return layout
+            mode = "gather"
         terms = set(self.params.scalar_terms)
         has_term = any(_ROLE.sub(r"\1", name) in terms for name in call.scalars)
         written = set(self.params.written)
@@ -234,6 +260,43 @@ class ForeachOp(DistributedOp):
                 el_shape = broadcast_shapes(*(s.shape for s in specs))
                 shapes.append(() if mode == "gather" else el_shape)
         return Layout(targets, outputs, shapes, cost=cost, out_sources=sources)
+
+    def _norm_layout(
+        self, call: OpCall, groups: dict[str, dict[int, int]], n: int, mode: str
+    ) -> Layout | None:
+        """``_foreach_norm`` / ``_foreach_powsum`` without gathering (see the module
+        docstring); None where the order is not a number (or not finite, for powsum)."""
+        ord_ = call.static["ord"] if "ord" in call.static else call.get("ord", 2)
+        try:
+            p = 2.0 if ord_ is None else float(ord_)
+        except (TypeError, ValueError):
+            return None
+        if math.isnan(p) or (mode == "powsum" and not math.isfinite(p)):
+            return None
+        mesh = call.mesh
+        idx = [groups["self"][i] for i in range(n)] if "self" in groups else None
+        if idx is None:
+            return None
+        targets: list[Any] = [None] * len(call.specs)
+        outputs: list[tuple[Placement, ...] | None] = []
+        shard_groups: list[tuple] = []
+        for k in idx:
+            tgt = tuple(R if type(pl) is Partial else pl for pl in call.specs[k].placements)
+            targets[k] = tgt
+            sharded = [m for m, pl in enumerate(tgt) if type(pl) is Shard]
+            if mode == "powsum":
+                outputs.append(
+                    tuple(Partial("sum") if m in sharded else R for m in range(len(tgt)))
+                )
+            else:
+                outputs.append((R,) * mesh.ndim)
+            shard_groups.append(groups_of(mesh, sharded) if sharded else ())
+        layout = Layout(targets, outputs, [()] * n, out_sources=[[k] for k in idx])
+        if mode == "norm" and any(shard_groups) and not mesh.is_abstract:
+            layout.impl = ForeachNorms(
+                call.binder or self.binder, call.platform, call.func, shard_groups
+            )
+        return layout
 
 
 def _dtensor_ids(call: OpCall) -> list[int]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dispatch.op import DistributedOp, Layout, OpCall
-from ..dispatch.search import SingleDimStrategy, search_strategy
+from ..dispatch.search import SingleDimStrategy, follow_inputs, search_strategy
 from ..errors import ShardingError
 from ..placement import Partial, Placement, Shard
 from ..redistribute.planner import cost_model_for
@@ -48,6 +48,9 @@ class OpPlan:
         accept: optional N-D check (see :func:`~hyper_shard.dispatch.search.search_strategy`).
         view: a :class:`~hyper_shard.dispatch.views.ViewOf` when the outputs are views of
             the first input (as torch's op returns views).
+        follow: the inputs stay where they are or become Replicate on each mesh dim (op
+            dims that must be whole are gathered in place, as PyTorch DTensor:
+            :func:`~hyper_shard.dispatch.search.follow_inputs`).
     """
 
     shapes: list[tuple[int, ...]]
@@ -56,6 +59,7 @@ class OpPlan:
     fixed: tuple[int, ...] | None = None
     accept: Callable[[tuple, tuple], bool] | None = None
     view: Any = None
+    follow: bool = False
 
 
 class ValueDependentShape(Exception):
@@ -101,7 +105,7 @@ class PlannedOp(DistributedOp):
                 len(plan.shapes),
                 cost_model_for(call.mesh),
                 fixed=fixed,
-                accept=plan.accept,
+                accept=follow_inputs(call.specs, plan.accept) if plan.follow else plan.accept,
             )
         except ValueError as e:
             raise ShardingError(

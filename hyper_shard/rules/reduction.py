@@ -23,7 +23,10 @@ YAML parameters (see ``op_specs/reduction.yaml``):
   ===========================  ===========================  ===========================
 
   Arg-reductions are never partial: indices must be global. A vector norm is not linear
-  over a sharded dim (``|a| + |b| != |(a, b)|``), nor is it over a ``Partial(sum)`` value.
+  over a sharded dim (``|a| + |b| != |(a, b)|``), nor is it over a ``Partial(sum)`` value:
+  ``vector_norm``/``norm`` have their own rule (:mod:`.vector_norm`), which reduces a
+  sharded dim shard-wise. A reduced dim with no Partial form is gathered where it is
+  sharded (``follow_inputs``: as PyTorch DTensor, never moved to a kept dim).
 * ``dims_arg`` (default ``dim``): the argument naming the reduced dims (an int, a
   sequence, or None for every dim; ``null`` in YAML: the op always reduces every dim).
 * ``keepdim_arg`` (default ``keepdim``): the argument keeping reduced dims as size 1.
@@ -63,7 +66,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from ..dispatch.op import Binder, DistributedOp, Layout, OpCall
-from ..dispatch.search import SingleDimStrategy, search_strategy
+from ..dispatch.search import SingleDimStrategy, follow_inputs, search_strategy
 from ..errors import ShardingError
 from ..kernels import groups_of, input_as_dtype
 from ..kernels.extremum import ExactExtremum
@@ -431,7 +434,15 @@ class ReductionOp(DistributedOp):
             return self._pw().infer_layout(call)
         strategies = self.single_dim_strategies(call)
         n_out = self._n_out(f)
-        res = search_strategy(call.specs, strategies, n_out, cost_model_for(call.mesh))
+        # a reduced dim without a Partial form is gathered where it is sharded, as PyTorch
+        # DTensor (not moved to a kept dim by an all-to-all)
+        res = search_strategy(
+            call.specs,
+            strategies,
+            n_out,
+            cost_model_for(call.mesh),
+            accept=follow_inputs(call.specs),
+        )
         layout = Layout(
             list(res.inputs), list(res.outputs), self.output_shapes(call), cost=res.cost
         )

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..dispatch.op import DistributedOp, OpCall
-from ..dispatch.search import SingleDimStrategy
+from ..dispatch.search import SingleDimStrategy, follow_inputs
 from ..errors import ShardingError
 from ..placement import Shard
 from ..registry.models import RuleParams
@@ -87,3 +87,8 @@ class SoftmaxOp(DistributedOp):
     def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
         dim = self._dim(call)
         return [((Shard(d),), (Shard(d),)) for d in range(call.specs[0].ndim) if d != dim]
+
+    def accept(self, call: OpCall, inputs: tuple, outputs: tuple) -> bool:
+        # the normalised dim is gathered where it is sharded, as PyTorch DTensor (not moved
+        # to another dim by an all-to-all)
+        return follow_inputs(call.specs)(inputs, outputs)

@@ -339,9 +339,11 @@ class TensorOp(PlannedOp):
     def _along(
         self, spec: Any, touched: set[int], shape: tuple[int, ...], partials: list
     ) -> OpPlan:
+        # the touched dims are gathered where they are sharded (as PyTorch DTensor), not
+        # moved to another dim: follow=True
         keep = {d: d for d in range(spec.ndim) if d not in touched}
         n = self.params.outputs
-        return OpPlan([shape] * n, keep_strategies([keep], n, partials))
+        return OpPlan([shape] * n, keep_strategies([keep], n, partials), follow=True)
 
     @_KINDS.kind("scan", ("input", "dim"), ("dim",))
     def _plan_scan(self, call: OpCall, st: dict) -> OpPlan:
@@ -399,7 +401,7 @@ class TensorOp(PlannedOp):
             else:
                 del shape[dim]
         keep = {d: (d if keepdim or d < dim else d - 1) for d in range(spec.ndim) if d != dim}
-        return OpPlan([tuple(shape)] * 2, keep_strategies([keep], 2, []))
+        return OpPlan([tuple(shape)] * 2, keep_strategies([keep], 2, []), follow=True)
 
     @_KINDS.kind("roll", ("input", "shifts", "dims"), ("shifts", "dims"))
     def _plan_roll(self, call: OpCall, st: dict) -> OpPlan:
