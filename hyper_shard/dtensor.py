@@ -256,7 +256,7 @@ class DTensor:
         )
         if _needs_no_conversion(gp, spec.placements):
             return local  # the local gradient already is this DTensor's gradient form
-        fwd = local if any(type(p) is Partial for p in spec.placements) else None
+        fwd = local if _needs_forward_local(spec.placements) else None
         return plat.custom_autograd(
             lambda x: x, lambda g: local_derivative(plat, g, gp, spec, fwd), local
         )
@@ -292,7 +292,7 @@ class DTensor:
                 if grad_placements is not None
                 else dst
             )
-            fwd_local = local if any(type(p) is Partial for p in spec.placements) else None
+            fwd_local = local if _needs_forward_local(spec.placements) else None
             return plat.custom_autograd(
                 lambda x: execute_plan(plat, x, spec, plan),
                 lambda g: local_derivative(plat, g, gp, spec, fwd_local),
@@ -442,6 +442,14 @@ def _needs_no_conversion(
         elif p.reduce_op != "sum" or type(g) is not Replicate:  # type: ignore[attr-defined]
             return False
     return True
+
+
+def _needs_forward_local(placements: Sequence[Placement]) -> bool:
+    """Whether :func:`local_derivative` needs the forward local value: only for
+    ``Partial(max|min)`` (the derivative goes to the ranks holding the extremum). A backward
+    closure holds that value until backward runs, so it is captured only then (a
+    ``Partial(sum)`` row-parallel output is freed once reduced, as in PyTorch)."""
+    return any(type(p) is Partial and p.reduce_op in ("max", "min") for p in placements)
 
 
 def local_derivative(

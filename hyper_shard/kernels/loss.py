@@ -274,7 +274,15 @@ class ClassParallelLoss:
         """``v``'s entry at each sample's local target class (0 where this rank does not own
         it), as a per-sample tensor that stays connected to ``v``'s autograd graph."""
         plat, cd = self.plat, self.class_dim
-        if plat.shape(v)[cd] > 0:
+        shape = plat.shape(v)
+        if shape[cd] > 0 and cd % len(shape) == len(shape) - 1:
+            # the class dim last: entries of the flattened input picked by flat index (the
+            # backward keeps the index only; gather's keeps its whole input, a tensor of
+            # the logits' size, alive until backward)
+            idx = plat.reshape(plat.where(own, lt, 0), [-1])
+            pos = plat.arange(0, numel(plat, idx), idx) * shape[cd] + idx
+            picked = plat.reshape(plat.take_rows(plat.reshape(v, [-1]), pos), shape[:-1])
+        elif shape[cd] > 0:
             idx = plat.where(own, lt, 0)
             picked = plat.squeeze(plat.gather(v, cd, plat.unsqueeze(idx, cd)), cd)
         else:  # no local class: zeros that keep the autograd graph connected

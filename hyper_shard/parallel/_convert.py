@@ -24,10 +24,11 @@ _SPECS: dict[tuple, DTensorSpec] = {}
 _TARGETS: dict[tuple, DTensorSpec] = {}
 #: specs whose placements are all Shard (their conversions need no backward node)
 _ALL_SHARD: set[DTensorSpec] = set()
-#: the last wrap of each rank (one entry with one rank per process; ranks that are threads
-#: of one process each keep their own, so each reuses exactly as a process would and the
-#: ranks' backward collectives stay the same): rank -> (local, version, grad enabled, mesh,
-#: placements, DTensor)
+#: the last wrap of each rank that has a backward node (one entry with one rank per process;
+#: ranks that are threads of one process each keep their own, so each reuses exactly as a
+#: process would and the ranks' backward collectives stay the same): rank -> (local,
+#: version, grad enabled, mesh, placements, DTensor, token); cleared by a wrap without a
+#: backward node and by the entry's own backward
 _LAST: dict[int, tuple | None] = {}
 
 
@@ -80,7 +81,7 @@ def from_local_even(
         version = getattr(local, "_version", None)
     except RuntimeError:
         version = None
-    last = _LAST.get(mesh._rank) if dim_size is None else None
+    last = _LAST.get(mesh._rank) if dim_size is None and grad else None
     if (
         last is not None
         and last[0] is local
@@ -115,20 +116,29 @@ def from_local_even(
         if len(_SPECS) > _CACHE_MAX:
             _SPECS.clear()
         _SPECS[ck] = spec
+    rank = mesh._rank
     if not grad or spec in _ALL_SHARD or _all_shard(spec):
         # Shard-only: the gradient's local form is the local gradient itself, so the alias
-        # (which keeps the autograd graph) is the whole conversion; no backward node
-        out = plat.wrap(local, spec)
-    else:
-        out = plat.wrap(
-            plat.custom_autograd(
-                lambda x: x, lambda g: _from_local_backward(plat, g, spec, None), local
-            ),
-            spec,
-        )
+        # (which keeps the autograd graph) is the whole conversion; no backward node, and
+        # nothing a reuse would save
+        if dim_size is None:
+            _LAST[rank] = None
+        return plat.wrap(local, spec)
+    token = object()  # names this call's cache entry (the closure must not hold the DTensor)
+
+    def bwd(g: Any) -> Any:
+        # the forward that could reuse this wrap is over: the cache lets go of it, so the
+        # last module's input (the LM head's) is freed by its consumer's backward, not
+        # held until the next step's first wrap
+        last = _LAST.get(rank)
+        if last is not None and last[6] is token:
+            _LAST[rank] = None
+        return _from_local_backward(plat, g, spec, None)
+
+    out = plat.wrap(plat.custom_autograd(lambda x: x, bwd, local), spec)
     if dim_size is None:
-        _LAST[mesh._rank] = (
-            (local, version, grad, mesh, placements, out) if version is not None else None
+        _LAST[rank] = (
+            (local, version, grad, mesh, placements, out, token) if version is not None else None
         )
     return out
 
