@@ -370,6 +370,26 @@ def report_loss_parallel_plus_auxiliary_loss(rank, world):
     _eq(head.weight.grad.full_tensor(), ref.weight.grad)
 
 
+def report_view_ops_compiled(rank, world):
+    """#167074: compiled ``broadcast_to`` / ``expand``, ``reshape``, ``x[..., 1]`` and
+    ``tensor_split`` of a DTensor on a (2, 1) mesh each failed with "aten.as_strided.default
+    does not have a sharding strategy"; replicated and sharded on the first mesh dim."""
+    mesh = init_device_mesh("cpu", (world, 1))
+    x = torch.randn(8, 3, generator=torch.Generator().manual_seed(0))
+    fns = (
+        lambda t: torch.broadcast_to(t, (2, 8, 3)),
+        lambda t: t.expand(2, 8, 3),
+        lambda t: t.reshape(4, 6),
+        lambda t: t[..., 1],
+        lambda t: torch.tensor_split(t, 3, dim=0)[1],
+    )
+    for pl in ([Replicate(), Replicate()], [Shard(0), Replicate()]):
+        for f in fns:
+            torch._dynamo.reset()
+            out = _compile(f)(distribute_tensor(x, mesh, pl))
+            _eq(out.full_tensor(), f(x))
+
+
 @reports(
     report_matmul_of_new_shapes,
     report_compiled_colwise_output_shard0,
@@ -382,6 +402,7 @@ def report_loss_parallel_plus_auxiliary_loss(rank, world):
     report_context_parallel_attention_compiled,
     report_backward_reading_region_inputs,
     report_loss_parallel_plus_auxiliary_loss,
+    report_view_ops_compiled,
 )
 def test_reports(report, dist2):
     dist2.run(report)
