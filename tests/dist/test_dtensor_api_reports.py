@@ -49,6 +49,32 @@ def report_local_round_trips_and_gradients(rank, world):
     torch.testing.assert_close(d.grad.full_tensor(), r.grad)
 
 
+def report_mesh_names_and_flatten(rank, world):
+    """PR #108326: ``init_device_mesh`` with a repeated ``mesh_dim_names`` entry (and names
+    of another length than the shape) must raise, naming them; PR #161106: flattening a
+    1-D mesh returns it under its own name, or under the name asked (review: "what if the
+    user requests a different name"); a 2-D mesh flattened and sliced by the new name."""
+    from hyper_shard.mesh import MeshError
+
+    with pytest.raises(MeshError, match="unique"):
+        init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "dp"))
+    with pytest.raises(MeshError, match="same length"):
+        init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp",))
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    tp = mesh["tp"]
+    assert tp._flatten().mesh_dim_names == ("tp",)
+    assert tp._flatten("foo").mesh_dim_names == ("foo",)
+    flat = mesh._flatten("dp_tp")
+    assert flat.mesh_dim_names == ("dp_tp",) and flat.mesh.tolist() == [0, 1, 2, 3]
+    assert mesh["dp_tp"].mesh.tolist() == [0, 1, 2, 3]
+    assert mesh["dp"].get_coordinate() == (rank // 2,) and mesh.get_local_rank("tp") == rank % 2
+
+
 @reports(report_local_round_trips_and_gradients)
 def test_reports(report, dist2):
     dist2.run(report)
+
+
+@reports(report_mesh_names_and_flatten)
+def test_reports_mesh_of_4(report, dist4):
+    dist4.run(report)
