@@ -390,6 +390,32 @@ def report_view_ops_compiled(rank, world):
             _eq(out.full_tensor(), f(x))
 
 
+def report_rope_slice_and_to_local_kwargs(rank, world):
+    """#187443 (torchtitan): compiled ``q * rope_cache[..., :head_dim].to(device=
+    q.device)`` with a replicated cache failed; values and the query's gradient for every
+    placement of the query; #119023: ``to_local(grad_placements=...)`` graph-broke
+    (``fullgraph=True`` raised)."""
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(0)
+    cache, qv = torch.randn(16, 8, generator=g), torch.randn(2, 16, 4, generator=g)
+
+    def f(q, rope_cache):
+        return q * rope_cache[..., : q.shape[-1]].to(device=q.device)
+
+    for pl in (Shard(0), Shard(1), Replicate()):
+        torch._dynamo.reset()
+        dq, rq = distribute_tensor(qv, mesh, [pl]).requires_grad_(), qv.clone().requires_grad_()
+        out = _compile(f)(dq, distribute_tensor(cache, mesh, [Replicate()]))
+        ref = f(rq, cache)
+        _eq(out.full_tensor(), ref.detach())
+        out.sum().backward()
+        ref.sum().backward()
+        _eq(dq.grad.full_tensor(), rq.grad)
+    torch._dynamo.reset()
+    fn = _compile(lambda d: d.to_local(grad_placements=[Shard(0)]) + 2, fullgraph=True)
+    _eq(fn(DTensor.from_local(torch.ones(4), mesh, [Replicate()])), torch.full((4,), 3.0))
+
+
 @reports(
     report_matmul_of_new_shapes,
     report_compiled_colwise_output_shard0,
@@ -403,6 +429,7 @@ def report_view_ops_compiled(rank, world):
     report_backward_reading_region_inputs,
     report_loss_parallel_plus_auxiliary_loss,
     report_view_ops_compiled,
+    report_rope_slice_and_to_local_kwargs,
 )
 def test_reports(report, dist2):
     dist2.run(report)
