@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .dispatch.op import DistributedOp, Layout, OpCall
-from .dispatch.search import SingleDimStrategy
+from .dispatch.search import SingleDimStrategy, search_strategy
 from .errors import ShardingError
 from .placement import Placement
+from .redistribute.planner import cost_model_for
 
 if TYPE_CHECKING:
     from .platform.base import Platform
@@ -37,7 +38,11 @@ class OpSchemaInfo:
             its dispatch receives).
         positional: positional argument names in order; ``kw_only`` keyword-only ones.
         tensor_args: which argument names are tensors (the others enter the cache key).
-        n_outputs: number of tensor outputs.
+        n_outputs: number of tensor outputs (0: the op returns nothing, e.g. it only
+            mutates an argument).
+        mutated: the argument names the op writes in place (torch: ``Tensor(a!)``).
+        variadic: the op returns a list of tensors whose length each call decides (torch's
+            ``Tensor[]``); the output count is then read from the call's output shapes.
     """
 
     label: str
@@ -46,6 +51,8 @@ class OpSchemaInfo:
     kw_only: list[str] = field(default_factory=list)
     tensor_args: set[str] = field(default_factory=set)
     n_outputs: int = 1
+    mutated: set[str] = field(default_factory=set)
+    variadic: bool = False
 
 
 class RegisteredSharding(DistributedOp):
@@ -83,8 +90,58 @@ class RegisteredSharding(DistributedOp):
         kwargs = {k: sub(v, n + j) for j, (k, v) in enumerate(call.kwargs.items())}
         return args, kwargs, where
 
-    def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
+    def infer_layout(self, call: OpCall) -> Layout:
+        """The search over the user's strategies, with the call's own output count when the
+        op returns a list of tensors (``Tensor[]``), and every argument the op writes in
+        place (its schema's ``Tensor(a!)``) kept where it is: a redistributed copy would
+        take the write and the argument would silently keep its old values."""
+        shapes = self.output_shapes(call)
+        n_out = len(shapes) if self.info.variadic else self.n_outputs
+        strategies = self.single_dim_strategies(call, n_out)
+        written = self._written_inputs(call)
+        fixed = sorted({*written, *((0,) if call.inplace else ())})
+        target = call.specs[0].placements
+
+        def keeps_target(ins: tuple, outs: tuple) -> bool:  # an in-place result is the target
+            return not (call.inplace and outs and outs[0] != target)
+
+        try:
+            res = search_strategy(
+                call.specs,
+                strategies,
+                n_out,
+                cost_model_for(call.mesh),
+                fixed=fixed,
+                accept=keeps_target,
+            )
+        except ValueError:
+            moved = ", ".join(f"{n} ({call.specs[i].placements})" for i, n in written.items())
+            raise ShardingError(
+                f"{call.describe()}: no strategy of register_sharding function "
+                f"{self.fn.__name__} keeps the placements of the arguments the op writes in "
+                f"place ({moved or 'its first argument'}); a redistributed copy would take the "
+                f"write. Add a strategy that keeps them, or redistribute them before the call"
+            ) from None
+        layout = Layout(list(res.inputs), list(res.outputs), shapes, cost=res.cost)
+        return self.expand_impl(call, layout)
+
+    def _written_inputs(self, call: OpCall) -> dict[int, str]:
+        """DTensor inputs (``call.specs`` index) the op writes in place -> argument name."""
+        if not self.info.mutated:
+            return {}
+        names = [*self.info.positional[: len(call.args)], *call.kwargs]
+        _, _, where = self._user_args(call)
+        return {
+            i: names[flat]
+            for i, flat in enumerate(where)
+            if flat < len(names) and names[flat] in self.info.mutated
+        }
+
+    def single_dim_strategies(
+        self, call: OpCall, n_outputs: int | None = None
+    ) -> list[SingleDimStrategy]:
         args, kwargs, where = self._user_args(call)
+        n_out = self.n_outputs if n_outputs is None else n_outputs
         n_flat = len(args) + len(kwargs)
         label = self.info.label
         pairs = self.fn(*args, **kwargs)
@@ -105,11 +162,11 @@ class RegisteredSharding(DistributedOp):
                     f"([Shard(0)], [Shard(0), None])"
                 )
             outs, ins = list(outs), list(ins)
-            if len(ins) != n_flat or len(outs) != self.n_outputs:
+            if len(ins) != n_flat or len(outs) != n_out:
                 raise ShardingError(
                     f"{label}: register_sharding function {self.fn.__name__}'s strategy {k} "
                     f"gives {len(outs)} output and {len(ins)} input placements, but the call "
-                    f"has {self.n_outputs} tensor output(s) and {n_flat} argument(s); give one "
+                    f"has {n_out} tensor output(s) and {n_flat} argument(s); give one "
                     f"placement per output and one entry per argument (None for non-tensors)"
                 )
             per_input: list[Placement] = []
@@ -138,6 +195,10 @@ class RegisteredSharding(DistributedOp):
 
     def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
         shapes = call.platform.meta_output_shapes(call.func, call.args, call.kwargs)
+        if self.info.variadic:
+            return list(shapes)
+        if not self.n_outputs:
+            return []
         return (list(shapes) + [None] * self.n_outputs)[: self.n_outputs]
 
 

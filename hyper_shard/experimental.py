@@ -95,6 +95,41 @@ def _flatten(tree: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
     return [tree], lambda new: new[0]
 
 
+def _is_placements(spec: Any) -> bool:
+    """A leaf of a placements spec: None or a sequence of Placements."""
+    return spec is None or (
+        isinstance(spec, (tuple, list)) and all(isinstance(p, Placement) for p in spec)
+    )
+
+
+def _mirrored(spec: Any, tree: Any) -> list[Any] | None:
+    """The placement entries of ``spec`` given in the shape of ``tree`` (a list of
+    placements for a list argument, a dict for a dict output), one per leaf of ``tree`` in
+    :func:`_flatten`'s order; None when ``spec`` does not mirror ``tree``."""
+    if _is_placements(spec):
+        return [spec] if len(_flatten(tree)[0]) == 1 else None
+    if isinstance(tree, (tuple, list)) and isinstance(spec, (tuple, list)):
+        if len(spec) != len(tree):
+            return None
+        parts = [_mirrored(s, t) for s, t in zip(spec, tree)]
+    elif isinstance(tree, dict) and isinstance(spec, dict) and set(spec) == set(tree):
+        parts = [_mirrored(spec[k], tree[k]) for k in tree]
+    else:
+        return None
+    if any(p is None for p in parts):
+        return None
+    return [x for p in parts for x in p]  # type: ignore[union-attr]
+
+
+def _per_leaf(given: Any, tree: Any, n_leaves: int) -> Any:
+    """``given`` placements as one entry per leaf: flat as given (one per flattened leaf,
+    as PyTorch 2.13), or mirroring the arguments' / outputs' structure (pytorch/pytorch
+    #182031); anything else is returned as is (the length check names it)."""
+    if given is None or (isinstance(given, (tuple, list)) and len(given) == n_leaves):
+        return given
+    return _mirrored(given, tree) or given
+
+
 def _is_tensor(obj: Any) -> bool:
     from .platform.select import platform_of_tensor
 
@@ -133,10 +168,12 @@ def local_map(
         func: the function of local tensors.
         out_placements: placements of the flattened output: one placement sequence for a
             single output, else a tuple with one per output leaf (``None`` for a
-            non-tensor leaf).
+            non-tensor leaf), or the output's own structure (a dict of placements for a
+            dict output, as pytorch/pytorch#182031 asks).
         in_placements: per flattened input leaf, the placements a DTensor must have
             (``None`` for a non-tensor leaf; a plain tensor's entry is not checked), or
-            ``None`` to check nothing.
+            ``None`` to check nothing; or nested as the arguments are (a list of
+            placements for a list argument). ``in_grad_placements`` likewise.
         in_grad_placements: per flattened input leaf, the ``grad_placements`` passed to
             ``to_local`` (the layout of the gradient ``func`` gives that input).
         device_mesh: the outputs' mesh; default: the first DTensor argument's.
@@ -208,6 +245,8 @@ def _local_map_call(
 
     name = getattr(func, "__name__", "func")
     leaves, rebuild = _flatten(args)
+    in_placements = _per_leaf(in_placements, args, len(leaves))
+    in_grad_placements = _per_leaf(in_grad_placements, args, len(leaves))
     for what, given in (
         ("in_placements", in_placements),
         ("in_grad_placements", in_grad_placements),
@@ -264,6 +303,8 @@ def _local_map_call(
     assert mesh is not None
     outs, rebuild_out = _flatten(out)
     specs = out_placements if isinstance(out_placements, tuple) else (out_placements,)
+    if len(specs) != len(outs):
+        specs = tuple(_mirrored(out_placements, out) or specs)
     if len(specs) != len(outs):
         raise LocalMapError(
             f"local_map({name}): out_placements gives {len(specs)} entries but func returned "

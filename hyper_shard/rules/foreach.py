@@ -232,6 +232,11 @@ class ForeachOp(DistributedOp):
                         for st in strategies
                         if all(len({st[1][j] for j in g}) == 1 for g in same)
                     ]
+                if inplace:  # self (and a written list) holds the result: the same placement
+                    keep = [0, *(j for j, g in enumerate(groups) if g in written)]
+                    strategies = [
+                        st for st in strategies if all(st[1][j] == st[0][0] for j in keep)
+                    ]
                 fixed = (
                     ((0,) if inplace else ())
                     + tuple(j for j, g in enumerate(groups) if g in written)
@@ -240,12 +245,26 @@ class ForeachOp(DistributedOp):
                 try:
                     res = search_strategy(specs, strategies, 1, cm, fixed=fixed)
                 except ValueError as e:
+                    kept = [j for j in fixed if j < len(idx)]
+                    what = ", ".join(
+                        f"{call.arg_roles[idx[j]]} {list(specs[j].placements)}" for j in kept
+                    )
+                    partial = any(type(p) is Partial for j in kept for p in specs[j].placements)
                     raise ShardingError(
-                        f"{call.describe()}: element {i} ({call.arg_roles[idx[0]]}, "
-                        f"{list(specs[0].placements)}) cannot be updated in place by "
-                        f"{call.platform_name} while keeping its placements"
+                        f"{call.describe()}: element {i} cannot be updated in place by "
+                        f"{call.platform_name} while keeping the placements of what it writes "
+                        f"({what})"
                         + (" (a python scalar term on a Partial value)" if has_term else "")
                         + "; redistribute it first (e.g. to Replicate())"
+                        + (
+                            ". A Partial(sum) element is typically the gradient of a Replicate "
+                            "parameter (Partial here, docs/parallel.md) or a value computed from "
+                            "it: in torch.optim pass foreach=False (fused=False), or reduce the "
+                            "gradients first (p.grad = p.grad.redistribute(placements="
+                            "[Replicate()]))"
+                            if partial
+                            else ""
+                        )
                     ) from e
                 memo[key] = res
             for j, k in enumerate(idx):

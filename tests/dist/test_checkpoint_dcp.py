@@ -323,6 +323,49 @@ def report_empty_shards_saved_and_loaded(rank, world, tmp):
     dist.barrier()
 
 
+def report_nested_shards_across_world_sizes(rank, world, tmp, save):
+    """ROCm/Megatron-LM PR #63: a weight sharded twice on its rows (each of the TP ranks'
+    rows split again: ``(Shard(0), Shard(0))``) came back in the wrong chunk order when
+    loaded on another number of ranks. Saved on a (2, 2) mesh (8 and 7 rows: uneven), with
+    ``hyper_shard.checkpoint`` and with DCP, loaded on 2 ranks (rows, columns) and on 4
+    (rows, and the transposed nesting ``(Shard(1), Shard(0))``)."""
+    import os
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    import hyper_shard.checkpoint as hc
+    from hyper_shard import Shard, distribute_tensor, init_device_mesh
+    from tests._helpers import assert_close_any as _eq
+
+    values = {"w": torch.arange(24.0).reshape(8, 3), "u": torch.arange(21.0).reshape(7, 3)}
+    if save:
+        mesh = init_device_mesh("cpu", (2, 2))
+        sd = {k: distribute_tensor(v, mesh, [Shard(0), Shard(0)]) for k, v in values.items()}
+        hc.save(sd, os.path.join(tmp, "hc_nested"))
+        dcp.save(sd, checkpoint_id=os.path.join(tmp, "dcp_nested"))
+        dist.barrier()
+        layouts = [((2, 2), [Shard(1), Shard(0)]), ((world,), [Shard(0)])]
+    else:
+        layouts = [((world,), [Shard(0)]), ((world,), [Shard(1)])]
+    for shape, pl in layouts:
+        mesh = init_device_mesh("cpu", shape)
+        for load in (
+            lambda s: hc.load(s, os.path.join(tmp, "hc_nested")),
+            lambda s: dcp.load(s, checkpoint_id=os.path.join(tmp, "dcp_nested")),
+        ):
+            tgt = {k: distribute_tensor(torch.zeros_like(v), mesh, pl) for k, v in values.items()}
+            load(tgt)
+            for k, v in values.items():
+                _eq(tgt[k], v)
+    dist.barrier()
+
+
 @reports(report_empty_shards_saved_and_loaded)
 def test_reports_mesh_of_4(report, dist4, tmp_path: Path) -> None:
     dist4.run(report, str(tmp_path))
+
+
+def test_report_nested_shards_across_world_sizes(dist4, dist2, tmp_path: Path) -> None:
+    dist4.run(report_nested_shards_across_world_sizes, str(tmp_path), True)
+    dist2.run(report_nested_shards_across_world_sizes, str(tmp_path), False)

@@ -370,6 +370,52 @@ def report_loss_parallel_plus_auxiliary_loss(rank, world):
     _eq(head.weight.grad.full_tensor(), ref.weight.grad)
 
 
+def report_view_ops_compiled(rank, world):
+    """#167074: compiled ``broadcast_to`` / ``expand``, ``reshape``, ``x[..., 1]`` and
+    ``tensor_split`` of a DTensor on a (2, 1) mesh each failed with "aten.as_strided.default
+    does not have a sharding strategy"; replicated and sharded on the first mesh dim."""
+    mesh = init_device_mesh("cpu", (world, 1))
+    x = torch.randn(8, 3, generator=torch.Generator().manual_seed(0))
+    fns = (
+        lambda t: torch.broadcast_to(t, (2, 8, 3)),
+        lambda t: t.expand(2, 8, 3),
+        lambda t: t.reshape(4, 6),
+        lambda t: t[..., 1],
+        lambda t: torch.tensor_split(t, 3, dim=0)[1],
+    )
+    for pl in ([Replicate(), Replicate()], [Shard(0), Replicate()]):
+        for f in fns:
+            torch._dynamo.reset()
+            out = _compile(f)(distribute_tensor(x, mesh, pl))
+            _eq(out.full_tensor(), f(x))
+
+
+def report_rope_slice_and_to_local_kwargs(rank, world):
+    """#187443 (torchtitan): compiled ``q * rope_cache[..., :head_dim].to(device=
+    q.device)`` with a replicated cache failed; values and the query's gradient for every
+    placement of the query; #119023: ``to_local(grad_placements=...)`` graph-broke
+    (``fullgraph=True`` raised)."""
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(0)
+    cache, qv = torch.randn(16, 8, generator=g), torch.randn(2, 16, 4, generator=g)
+
+    def f(q, rope_cache):
+        return q * rope_cache[..., : q.shape[-1]].to(device=q.device)
+
+    for pl in (Shard(0), Shard(1), Replicate()):
+        torch._dynamo.reset()
+        dq, rq = distribute_tensor(qv, mesh, [pl]).requires_grad_(), qv.clone().requires_grad_()
+        out = _compile(f)(dq, distribute_tensor(cache, mesh, [Replicate()]))
+        ref = f(rq, cache)
+        _eq(out.full_tensor(), ref.detach())
+        out.sum().backward()
+        ref.sum().backward()
+        _eq(dq.grad.full_tensor(), rq.grad)
+    torch._dynamo.reset()
+    fn = _compile(lambda d: d.to_local(grad_placements=[Shard(0)]) + 2, fullgraph=True)
+    _eq(fn(DTensor.from_local(torch.ones(4), mesh, [Replicate()])), torch.full((4,), 3.0))
+
+
 @reports(
     report_matmul_of_new_shapes,
     report_compiled_colwise_output_shard0,
@@ -382,6 +428,8 @@ def report_loss_parallel_plus_auxiliary_loss(rank, world):
     report_context_parallel_attention_compiled,
     report_backward_reading_region_inputs,
     report_loss_parallel_plus_auxiliary_loss,
+    report_view_ops_compiled,
+    report_rope_slice_and_to_local_kwargs,
 )
 def test_reports(report, dist2):
     dist2.run(report)

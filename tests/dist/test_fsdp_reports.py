@@ -406,6 +406,66 @@ def report_selective_checkpoint_varying_lengths_clipped(rank, world):
         _eq(_full(p), q.detach(), rtol=1e-5, atol=1e-5)
 
 
+def report_ignored_params_and_reduce_dtype(rank, world):
+    """mindspore-ai/hyper-parallel#749 "没参与切分的Tensor无法获取layout信息": a parameter
+    left out by ``ignored_params`` had no layout, so saving and loading the model's
+    checkpoint failed: here it stays a plain tensor in the state dict and the checkpoint
+    round trip restores every value; mindspore-ai/hyper-parallel#629: with a
+    ``reduce_dtype`` equal to the gradients' dtype, FSDP freed the caller's gradient
+    storage: three SGD steps with ``reduce_dtype`` float32 (and bfloat16 on a bfloat16
+    model) equal one process."""
+    import hyper_shard.checkpoint as hc
+
+    mesh = init_device_mesh("cpu", (world,))
+    m, ref = _mlp(), _mlp()
+    fully_shard(m[0], mesh=mesh)
+    fully_shard(m, mesh=mesh, ignored_params={m[2].weight})
+    sd = m.state_dict()
+    assert not isinstance(sd["2.weight"], DTensor) and isinstance(sd["0.weight"], DTensor)
+    path = _shared_tmp("hp749", rank)
+    hc.save({"model": sd}, path)
+    m2 = _mlp()
+    with torch.no_grad():
+        for p in m2.parameters():
+            p.zero_()
+    fully_shard(m2[0], mesh=mesh)
+    fully_shard(m2, mesh=mesh, ignored_params={m2[2].weight})
+    hc.load({"model": m2.state_dict()}, path)
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(2))
+    _eq(m2(x), ref(x))
+    for dtype, tol in ((torch.float32, {}), (torch.bfloat16, {"rtol": 2e-2, "atol": 2e-2})):
+        m, ref = _mlp().to(dtype), _mlp().to(dtype)
+        _shard_mlp(m, mesh, mp_policy=MixedPrecisionPolicy(reduce_dtype=dtype))
+        opt, ropt = (
+            torch.optim.SGD(m.parameters(), lr=0.1),
+            torch.optim.SGD(ref.parameters(), lr=0.1),
+        )
+        for step in range(3):
+            x = torch.randn(4, 4, generator=torch.Generator().manual_seed(step)).to(dtype)
+            m(x[rank * 2 : rank * 2 + 2]).pow(2).mean().backward()
+            ref(x).pow(2).mean().backward()
+            for o in (opt, ropt):
+                o.step()
+                o.zero_grad()
+        for p, q in zip(m.parameters(), ref.parameters()):
+            _eq(p.full_tensor(), q.detach(), **tol)
+
+
+def _shared_tmp(name, rank):
+    """A directory every rank of the pool names alike (rank 0 empties it first)."""
+    import os
+    import shutil
+    import tempfile
+
+    import torch.distributed as dist
+
+    path = os.path.join(tempfile.gettempdir(), f"hs_reports_{name}_{os.getppid()}")
+    if rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+    dist.barrier()
+    return path
+
+
 @reports(
     report_module_to_dtype_after_fully_shard,
     report_selective_checkpoint_varying_lengths_clipped,
@@ -419,6 +479,7 @@ def report_selective_checkpoint_varying_lengths_clipped(rank, world):
     report_plain_state_dict_loads,
     report_manual_reshard_and_unshard,
     report_shard_dim_of_one,
+    report_ignored_params_and_reduce_dtype,
 )
 def test_reports(report, dist2):
     dist2.run(report)

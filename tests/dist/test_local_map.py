@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import hyper_shard as hs
-from hyper_shard.experimental import local_map
+from hyper_shard.experimental import LocalMapError, local_map
 from tests._helpers import assert_dtensor_close
 
 pytestmark = pytest.mark.multiproc
@@ -137,3 +137,37 @@ def check_local_map(rank, world):
 
 def test_local_map(dist2):
     assert dist2.run(check_local_map) == [1, 1]
+
+
+def report_nested_placements(rank, world):
+    """#182031 (PR #184483): local_map flattens a list argument but took placements only
+    as a flat list, one per flattened leaf: placements may now also mirror the arguments
+    (a list of placements for a list argument) and the output (a dict for a dict
+    output); the flat form still works. Values and gradients against plain torch."""
+    mesh = hs.init_device_mesh("cpu", (world,))
+    S = hs.Shard
+    a, b, c = (torch.randn(4, 3, generator=torch.Generator().manual_seed(i)) for i in range(3))
+
+    def f(xs, y):
+        return {"sum": xs[0] + xs[1] * y, "pair": (y * 2, y - xs[0])}
+
+    for in_pl, out_pl in (
+        (([S(0)], [S(0)], [S(0)]), ([S(0)], [S(0)], [S(0)])),
+        (([[S(0)], [S(0)]], [S(0)]), {"sum": [S(0)], "pair": ([S(0)], [S(0)])}),
+    ):
+        ds = [hs.distribute_tensor(t, mesh, [S(0)]).requires_grad_() for t in (a, b, c)]
+        rs = [t.clone().requires_grad_() for t in (a, b, c)]
+        out = local_map(f, out_placements=out_pl, in_placements=in_pl)(ds[:2], ds[2])
+        ref = f(rs[:2], rs[2])
+        assert_dtensor_close(out["sum"], ref["sum"].detach())
+        assert_dtensor_close(out["pair"][1], ref["pair"][1].detach())
+        (out["sum"].sum() + (out["pair"][0] * out["pair"][1]).sum()).backward()
+        (ref["sum"].sum() + (ref["pair"][0] * ref["pair"][1]).sum()).backward()
+        for d, r in zip(ds, rs):
+            assert_dtensor_close(d.grad, r.grad)
+    with pytest.raises(LocalMapError, match="one entry per argument leaf"):
+        local_map(f, out_placements=[S(0)], in_placements=([S(0)], [S(0)]))(ds[:2], ds[2])
+
+
+def test_reports(dist2):
+    dist2.run(report_nested_placements)

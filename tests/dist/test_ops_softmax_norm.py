@@ -204,9 +204,48 @@ def report_layer_norm_weight_sharded_like_its_input(rank, world):
         _eq(a.grad, b.grad, atol=1e-5, rtol=1e-4)
 
 
+def report_batch_and_group_norm_backward(rank, world):
+    """#182739 (PR #182743): ``native_batch_norm_backward`` of a channel-sharded input had
+    no strategy (its decomposition looped for ever: a hang); PR #184825:
+    ``native_group_norm_backward`` of a batch-sharded input, with and without the affine
+    parameters; instance norm. Training-mode statistics, every input placement; output,
+    input gradient and parameter gradients against plain torch, and a BatchNorm2d's running
+    statistics after one batch-sharded step."""
+    mesh = init_device_mesh("cpu", (world,))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 6, 5, 5, generator=g)
+    w, b = torch.randn(6, generator=g), torch.randn(6, generator=g)
+    seed = torch.randn(4, 6, 5, 5, generator=g)
+    cases = (
+        (lambda t, w, b: F.batch_norm(t, None, None, w, b, training=True), [w, b]),
+        (lambda t, w, b: F.group_norm(t, 3, w, b), [w, b]),
+        (lambda t: F.group_norm(t, 3), []),
+        (lambda t, w, b: F.instance_norm(t, weight=w, bias=b), [w, b]),
+    )
+    for f, params in cases:
+        for pl in (Shard(0), Shard(1), Shard(2)):
+            dx = distribute_tensor(x, mesh, [pl]).requires_grad_()
+            dp = [distribute_tensor(p, mesh, [Replicate()]).requires_grad_() for p in params]
+            rx, rp = x.clone().requires_grad_(), [p.clone().requires_grad_() for p in params]
+            o, ro = f(dx, *dp), f(rx, *rp)
+            _eq(o, ro.detach(), atol=1e-4, rtol=1e-4)
+            (o * distribute_tensor(seed, mesh, [Replicate()])).sum().backward()
+            (ro * seed).sum().backward()
+            for a, r in zip([dx, *dp], [rx, *rp]):
+                _eq(a.grad, r.grad, atol=1e-4, rtol=1e-4)
+    from hyper_shard import distribute_module
+
+    m, ref = nn.BatchNorm2d(6), nn.BatchNorm2d(6)
+    distribute_module(m, mesh)
+    _eq(m(distribute_tensor(x, mesh, [Shard(0)])), ref(x).detach(), atol=1e-5, rtol=1e-5)
+    _eq(m.running_mean, ref.running_mean, atol=1e-6, rtol=1e-5)
+    _eq(m.running_var, ref.running_var, atol=1e-5, rtol=1e-5)
+
+
 @reports(
     report_layer_norm_of_a_sharded_normalized_dim,
     report_layer_norm_weight_sharded_like_its_input,
+    report_batch_and_group_norm_backward,
 )
 def test_reports(report, dist2):
     dist2.run(report)

@@ -330,6 +330,48 @@ def report_ops_without_a_strategy(rank, world):
     )
 
 
+def report_inplace_views_and_init(rank, world):
+    """PR #159532: ``squeeze_`` / ``unsqueeze_`` in place (the placements must follow the
+    dims that moved); #136946: ``nn.init.eye_`` had no strategy (``aten.eye.m_out``), with
+    ``dirac_`` and ``orthogonal_`` (same seed, same values as one device); PR #149071:
+    ``slice_backward`` of a slice of the sharded dim and of another dim."""
+    mesh = init_device_mesh("cpu", (world,))
+    t = torch.randn(1, 4, generator=_gen(11))
+    d = distribute_tensor(t, mesh, [Shard(1)])
+    d.squeeze_(0)
+    assert d.shape == (4,) and d.placements == (Shard(0),)
+    _eq(d, t.squeeze(0))
+    t3 = torch.randn(4, 1, 3, generator=_gen(12))
+    d = distribute_tensor(t3, mesh, [Shard(0)])
+    d.unsqueeze_(1)
+    d.squeeze_(2)
+    assert d.shape == (4, 1, 3) and d.placements == (Shard(0),)
+    _eq(d, t3.unsqueeze(1).squeeze(2))
+    for pl in (Shard(0), Shard(1), Replicate()):
+        d = distribute_tensor(torch.rand(3, 5), mesh, [pl])
+        torch.nn.init.eye_(d)
+        assert d.placements == (pl,)
+        _eq(d, torch.eye(3, 5))
+    for pl in (Shard(0), Shard(2)):
+        d, r = distribute_tensor(torch.rand(4, 2, 3, 3), mesh, [pl]), torch.rand(4, 2, 3, 3)
+        torch.nn.init.dirac_(d)
+        _eq(d, torch.nn.init.dirac_(r))
+    for pl in (Shard(0), Shard(1)):
+        d, r = distribute_tensor(torch.rand(4, 6), mesh, [pl]), torch.rand(4, 6)
+        torch.manual_seed(0)
+        torch.nn.init.orthogonal_(d)
+        torch.manual_seed(0)
+        torch.nn.init.orthogonal_(r)
+        _eq(d, r)
+    base = torch.arange(24.0).reshape(4, 6)
+    for pl in (Shard(0), Shard(1)):
+        dx, rx = distribute_tensor(base, mesh, [pl]).requires_grad_(), base.clone().requires_grad_()
+        ((dx[1:3, 1:5] * 3) ** 2).sum().backward()
+        ((rx[1:3, 1:5] * 3) ** 2).sum().backward()
+        assert dx.grad.placements == (pl,)
+        _eq(dx.grad, rx.grad)
+
+
 @reports(
     report_index_ops,
     report_bool_mask_index,
@@ -339,6 +381,7 @@ def report_ops_without_a_strategy(rank, world):
     report_indexing_reads,
     report_shape_ops,
     report_ops_without_a_strategy,
+    report_inplace_views_and_init,
 )
 def test_reports(report, dist2):
     dist2.run(report)

@@ -332,6 +332,49 @@ def report_clip_grad_norm_of_tensor_parallel_gradients(rank, world):
             _eq(a.grad, b.grad, atol=1e-6, rtol=1e-5)
 
 
-@reports(report_parameters_on_two_meshes, report_clip_grad_norm_of_tensor_parallel_gradients)
+def report_other_optimizers(rank, world):
+    """PyTorch's DTensor optimizer PRs, replayed with the harness above (Replicate
+    parameters with Partial(sum) gradients, Shard(0)/(1), uneven): Adadelta (PR #115564:
+    with ``foreach=True`` the step was silently wrong here, ``_foreach_mul_`` of a Replicate
+    ``self`` by a Partial gradient kept the per-rank product; fixed), NAdam (PR #115565),
+    RAdam (PR #115566), ASGD (PR #121942), Adamax (PR #119850), Adagrad, RMSprop, Rprop;
+    fused Adam / AdamW / Adagrad (PR #125369, #126670). Adamax and Rprop with
+    ``foreach=True`` and fused SGD update a Partial gradient (or a momentum buffer made from
+    one) in place by a non-linear op: refused, the message naming ``foreach=False``."""
+    optim = torch.optim
+    mesh = _mesh(world)
+    both = {
+        "adadelta": lambda ps, **k: optim.Adadelta(ps, lr=0.5, weight_decay=0.1, **k),
+        "nadam": lambda ps, **k: optim.NAdam(ps, lr=0.01, weight_decay=0.1, **k),
+        "nadam_decoupled": lambda ps, **k: optim.NAdam(
+            ps, lr=0.01, weight_decay=0.05, decoupled_weight_decay=True, **k
+        ),
+        "radam": lambda ps, **k: optim.RAdam(ps, lr=0.01, weight_decay=0.1, **k),
+        "asgd": lambda ps, **k: optim.ASGD(ps, lr=0.01, **k),
+        "adagrad": lambda ps, **k: optim.Adagrad(ps, lr=0.05, weight_decay=0.1, **k),
+        "rmsprop": lambda ps, **k: optim.RMSprop(ps, lr=0.01, momentum=0.5, centered=True, **k),
+    }
+    for make in both.values():
+        for fe in (False, True):
+            _run(mesh, lambda ps, make=make, fe=fe: make(ps, foreach=fe), steps=2)
+    _run(mesh, lambda ps: optim.Adamax(ps, lr=0.01, weight_decay=0.1, foreach=False), steps=2)
+    _run(mesh, lambda ps: optim.Rprop(ps, lr=0.01, foreach=False), steps=2)
+    for make in (optim.Adam, optim.AdamW, optim.Adagrad):
+        _run(mesh, lambda ps, make=make: make(ps, lr=0.01, fused=True), steps=2)
+    refused = (
+        lambda ps: optim.Adamax(ps, lr=0.01, weight_decay=0.1, foreach=True),
+        lambda ps: optim.Rprop(ps, lr=0.01, foreach=True),
+        lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9, fused=True),
+    )
+    for make in refused:
+        with pytest.raises(ShardingError, match=r"Partial\(sum\).*foreach=False"):
+            _run(mesh, make, steps=1)
+
+
+@reports(
+    report_parameters_on_two_meshes,
+    report_clip_grad_norm_of_tensor_parallel_gradients,
+    report_other_optimizers,
+)
 def test_reports(report, dist2):
     dist2.run(report)

@@ -196,6 +196,59 @@ def report_sequence_parallel_input_is_a_piece(rank, world):
     _eq(out2.full_tensor(), ref(x).detach())
 
 
+def report_sequence_parallel_norm_frozen_parts(rank, world):
+    """PR #133502: ``native_layer_norm_backward`` under ``SequenceParallel`` with some of
+    the parameters frozen (its optional outputs absent) failed in sharding propagation:
+    a rowwise embedding to ``Shard(1)``, a LayerNorm, a colwise head, each part's
+    ``requires_grad`` switched on and off; output and every gradient (None where frozen)."""
+    import copy
+
+    mesh = init_device_mesh("cpu", (world,))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.ln, self.out = (
+                nn.Linear(8, 6, bias=False),
+                nn.LayerNorm(6),
+                nn.Linear(6, 4),
+            )
+
+        def forward(self, x):
+            return self.out(self.ln(self.emb(x)))
+
+    x = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(1))
+    for flags in (
+        (True, True, True),
+        (False, True, True),
+        (True, False, True),
+        (True, True, False),
+        (False, False, True),
+    ):
+        torch.manual_seed(0)
+        ref = Block()
+        for mod, rg in zip((ref.emb, ref.ln, ref.out), flags):
+            mod.requires_grad_(rg)
+        m = parallelize_module(
+            copy.deepcopy(ref),
+            mesh,
+            {
+                "emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+                "ln": SequenceParallel(),
+                "out": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+            },
+        )
+        y, yr = m(x), ref(x)
+        _eq(y, yr.detach())
+        (y**2).sum().backward()
+        (yr**2).sum().backward()
+        for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+            if q.grad is None:
+                assert p.grad is None, name
+            else:
+                _eq(p.grad, q.grad)
+
+
 @reports(
     report_uneven_rowwise_and_colwise_gelu_rowwise,
     report_sequence_parallel_norm_gradients,
@@ -203,6 +256,7 @@ def report_sequence_parallel_input_is_a_piece(rank, world):
     report_keyword_inputs_and_a_mesh_of_one,
     report_vocab_parallel_embedding_padding_idx,
     report_sequence_parallel_input_is_a_piece,
+    report_sequence_parallel_norm_frozen_parts,
 )
 def test_reports(report, dist2):
     dist2.run(report)

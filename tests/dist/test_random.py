@@ -236,6 +236,31 @@ def report_dropout_draws_the_single_device_mask(rank, world):
     assert_dtensor_close(got, F.dropout(ones, 0.5))
 
 
-@reports(report_dropout_draws_the_single_device_mask)
+def report_like_factories_with_dtype(rank, world):
+    """PR #112576: ``rand_like`` / ``randn_like`` / ``randint_like`` had no strategy, and the
+    review asked the ``dtype`` keyword into the cache key: the same DTensor drawn with and
+    without ``dtype=`` in turn gives each call's dtype and the single-device values."""
+    mesh = init_device_mesh("cpu", (world,))
+    base = torch.rand(5, 7, generator=torch.Generator().manual_seed(3))
+    calls = (
+        lambda t: torch.rand_like(t),
+        lambda t: torch.rand_like(t, dtype=torch.float64),
+        lambda t: torch.randn_like(t, dtype=torch.float64),
+        lambda t: torch.randint_like(t, 0, 100),
+        lambda t: torch.randint_like(t, 3, 9, dtype=torch.int64),
+        lambda t: torch.rand_like(t),
+    )
+    for pl in (Shard(0), Shard(1), Replicate()):
+        d = distribute_tensor(base, mesh, [pl])
+        for f in calls:
+            torch.manual_seed(11)
+            got = f(d)
+            torch.manual_seed(11)
+            ref = f(base)
+            assert got.dtype == ref.dtype and got.placements == (pl,)
+            assert_dtensor_close(got, ref)
+
+
+@reports(report_dropout_draws_the_single_device_mask, report_like_factories_with_dtype)
 def test_reports(report, dist2):
     dist2.run(report)

@@ -17,6 +17,7 @@ import torch
 import hyper_shard as hs
 from hyper_shard import ShardingError
 from hyper_shard.experimental import register_sharding
+from tests._reports import reports
 
 pytestmark = pytest.mark.multiproc
 
@@ -202,3 +203,99 @@ def _check(rank, world, T, t_register):
 
 def test_register_sharding(dist2):
     assert dist2.run(check_register_sharding) == [1, 1]
+
+
+def _schema_ops():
+    """Ops of the reports below (namespace ``hs_rep``): a keyword-only tensor, a tensor
+    list, a ``Tensor[]`` result, an op that only writes its second argument."""
+    if hasattr(torch.ops, "hs_rep") and hasattr(torch.ops.hs_rep, "kwscale"):
+        return
+    lib = torch.library.Library("hs_rep", "DEF")  # noqa: TOR901 (kwarg-only tensors)
+    lib.define("kwscale(Tensor x, *, Tensor w) -> Tensor")
+    lib.impl("kwscale", lambda x, *, w: x * w, "CPU")
+    lib.impl("kwscale", lambda x, *, w: torch.empty_like(x), "Meta")
+    _schema_ops.lib = lib  # keep the library (and its kernels) alive
+
+    @torch.library.custom_op("hs_rep::addlist", mutates_args=())
+    def addlist(xs: list[torch.Tensor]) -> torch.Tensor:
+        return sum(xs[1:], xs[0].clone())
+
+    @addlist.register_fake
+    def _(xs):
+        return torch.empty_like(xs[0])
+
+    @torch.library.custom_op("hs_rep::splitn", mutates_args=())
+    def splitn(x: torch.Tensor, n: int) -> list[torch.Tensor]:
+        return [c.clone() for c in x.chunk(n, dim=-1)]
+
+    @splitn.register_fake
+    def _(x, n):
+        return [torch.empty_like(c) for c in x.chunk(n, dim=-1)]
+
+    @torch.library.custom_op("hs_rep::acc", mutates_args=("y",))
+    def acc(x: torch.Tensor, y: torch.Tensor) -> None:
+        y.add_(x)
+
+    @acc.register_fake
+    def _(x, y):
+        return None
+
+
+def report_op_schemas(rank, world):
+    """#167977: a keyword-only tensor argument (``expand_to_full_mesh_op_strategy``'s
+    assertion in PyTorch); #167435: a tensor-list argument ("Cannot find device mesh");
+    PR #191488: an op returning ``Tensor[]`` (here before: counted as one output, fixed);
+    #167219: an op returning nothing that writes its second argument (here before: counted
+    as one output, and a strategy moving the written argument wrote into a temporary copy
+    silently: now kept in place, or a clear error)."""
+    from hyper_shard._register_sharding import unregister
+    from hyper_shard.platform.select import get_platform
+
+    _schema_ops()
+    ops = torch.ops.hs_rep
+    mesh = hs.init_device_mesh("cpu", (world,))
+    S, R = hs.Shard, hs.Replicate
+    x, w = torch.arange(8.0).reshape(4, 2), torch.tensor([2.0, 3.0])
+    try:
+        register_sharding(ops.kwscale.default)(
+            lambda x, *, w: [([S(0)], [S(0), R()]), ([R()], [R(), R()])]
+        )
+        dx = hs.distribute_tensor(x, mesh, [S(0)])
+        out = ops.kwscale(dx, w=hs.distribute_tensor(w, mesh, [R()]))
+        assert out.placements == (S(0),)
+        torch.testing.assert_close(out.full_tensor(), ops.kwscale(x, w=w))
+
+        register_sharding(ops.addlist.default)(
+            lambda xs: [([S(0)], [[S(0)] * len(xs)]), ([R()], [[R()] * len(xs)])]
+        )
+        out = ops.addlist([hs.distribute_tensor(x * k, mesh, [S(0)]) for k in (1, 2, 3)])
+        assert out.placements == (S(0),)
+        torch.testing.assert_close(out.full_tensor(), ops.addlist([x, 2 * x, 3 * x]))
+
+        register_sharding(ops.splitn.default)(
+            lambda x, n: [([S(0)] * n, [S(0), None]), ([R()] * n, [R(), None])]
+        )
+        for n in (2, 1):
+            outs = ops.splitn(dx, n)
+            assert [o.placements for o in outs] == [(S(0),)] * n
+            for o, ref in zip(outs, ops.splitn(x, n)):
+                torch.testing.assert_close(o.full_tensor(), ref)
+
+        register_sharding(ops.acc.default)(lambda x, y: [([], [S(0), S(0)]), ([], [R(), R()])])
+        dy = hs.distribute_tensor(x * 10, mesh, [S(0)])
+        assert ops.acc(dx, dy) is None
+        assert dy.placements == (S(0),)
+        torch.testing.assert_close(dy.full_tensor(), x * 11)
+        # a strategy that would move the written argument: refused, naming it
+        register_sharding(ops.acc.default)(lambda x, y: [([], [R(), R()])])
+        with pytest.raises(ShardingError, match=r"hs_rep\.acc.*writes in place \(y"):
+            ops.acc(hs.distribute_tensor(x, mesh, [R()]), dy)
+        torch.testing.assert_close(dy.full_tensor(), x * 11)
+    finally:
+        for op in (ops.kwscale, ops.addlist, ops.splitn, ops.acc):
+            unregister(get_platform("torch"), op.default)
+
+
+@reports(report_op_schemas)
+def test_reports(report, dist2):
+    dist2.run(report)

@@ -508,3 +508,37 @@ def test_report_chained_matmul(ms2):
         np.testing.assert_allclose(cm["o"][1], cm["o"][2], rtol=1e-5, atol=1e-5)
         for g, r in zip(cm["grads"], cm["ref"]):
             np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+
+
+def report_local_map_nested_placements(rank: int, world: int) -> dict:
+    from mindspore import Tensor
+
+    import hyper_shard as hs
+    from hyper_shard import Shard
+    from hyper_shard.experimental import local_map
+
+    mesh = hs.init_device_mesh("CPU", (world,))
+    a, b, c = (np.random.RandomState(i).randn(4, 3).astype(np.float32) for i in range(3))
+
+    def f(xs, y):
+        return {"sum": xs[0] + xs[1] * y, "pair": (y * 2, y - xs[0])}
+
+    ds = [hs.distribute_tensor(Tensor(t), mesh, [Shard(0)]) for t in (a, b, c)]
+    out = local_map(
+        f,
+        out_placements={"sum": [Shard(0)], "pair": ([Shard(0)], [Shard(0)])},
+        in_placements=([[Shard(0)], [Shard(0)]], [Shard(0)]),
+    )(ds[:2], ds[2])
+    return {
+        "sum": out["sum"].full_tensor().asnumpy(),
+        "diff": out["pair"][1].full_tensor().asnumpy(),
+        "ref": (a + b * c, c - a),
+    }
+
+
+def test_report_local_map_nested_placements(ms2):
+    """pytorch/pytorch#182031 on MindSpore: ``local_map`` placements mirroring a list
+    argument and a dict output (as on torch, tests/dist/test_local_map.py)."""
+    for o in ms2.run(report_local_map_nested_placements):
+        np.testing.assert_allclose(o["sum"], o["ref"][0], rtol=1e-6)
+        np.testing.assert_allclose(o["diff"], o["ref"][1], rtol=1e-6)

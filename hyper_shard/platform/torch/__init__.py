@@ -930,6 +930,7 @@ class TorchPlatform(Platform):
             return s.startswith("Tensor") or s.startswith("Optional[Tensor") or "Tensor[]" in s
 
         tensors = {a.name for a in args if is_tensor_type(a.type)}
+        returns = [str(r.type) for r in op._schema.returns]
         n_out = sum(1 for r in op._schema.returns if is_tensor_type(r.type))
         return OpSchemaInfo(
             label=names[0],
@@ -937,7 +938,9 @@ class TorchPlatform(Platform):
             positional=positional,
             kw_only=kw_only,
             tensor_args=tensors,
-            n_outputs=max(n_out, 1),
+            n_outputs=n_out,
+            mutated={a.name for a in args if a.alias_info is not None and a.alias_info.is_write},
+            variadic=returns == ["List[Tensor]"],
         )
 
     def meta_output_shapes(self, func: Any, args: tuple, kwargs: dict) -> list[Any]:
