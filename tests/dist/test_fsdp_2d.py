@@ -131,3 +131,39 @@ def check_fsdp_tp(rank, world, hsdp):
 def test_fsdp_over_tensor_parallel_matches_single_process(dist4, hsdp):
     out = dist4.run(check_fsdp_tp, hsdp)
     assert all(o == out[0] for o in out)
+
+
+def check_fsdp_tp_on_torch_mesh(rank, world):
+    """Code written for FSDP2 x TP with its imports switched: the ("dp", "tp") mesh is
+    torch's ``init_device_mesh``; ``mesh["tp"]`` and ``mesh["dp"]`` (torch sub-meshes) go to
+    ``parallelize_module`` and ``fully_shard`` as they are, and compose into one 2-D mesh.
+    Also: each original parameter is told apart from another unit's whose address it
+    reuses once freed (no false "shared with ... of another unit")."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hyper_shard import Replicate, Shard
+    from hyper_shard import parallel as hp
+
+    tmesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp_rank = tmesh["dp"].get_local_rank()
+    data = batches(2, 2)
+    ref = train(make_net(), data, 0, 1)
+    model = make_net()
+    hp.parallelize_module(model, tmesh["tp"], _plan(hp, Replicate))
+    _shard(model, tmesh["dp"])
+    w = model.blocks[0].up.weight
+    assert w.device_mesh.mesh_dim_names == ("dp", "tp"), w.device_mesh
+    assert w.placements == (Shard(0), Shard(0)), w.placements
+    got = train(model, data, dp_rank, 2, mean_loss=_mean_over(2, tmesh["dp"].get_group()))
+    assert_same_training(got, ref)
+    # plain FSDP on a 1-D torch mesh
+    flat = init_device_mesh("cpu", (world,))
+    m1 = make_net()
+    _shard(m1, flat)
+    assert_same_training(train(m1, data, rank, world, mean_loss=_mean_over(world)), ref)
+    return got["loss"]
+
+
+def test_fsdp_over_tensor_parallel_on_torch_mesh(dist4):
+    out = dist4.run(check_fsdp_tp_on_torch_mesh)
+    assert all(o == out[0] for o in out)

@@ -234,6 +234,10 @@ class TorchPlatform(Platform):
         out = _CONVERTED.get(mesh)
         if out is not None:
             return out
+        out = self._foreign_sub_mesh(mesh)
+        if out is not None:
+            _CONVERTED[mesh] = out
+            return out
         from ...mesh import DeviceMesh
 
         ranks = mesh.mesh.tolist()
@@ -252,6 +256,20 @@ class TorchPlatform(Platform):
         )
         _CONVERTED[mesh] = out
         return out
+
+    def _foreign_sub_mesh(self, mesh: Any) -> Any:
+        """``mesh[names]`` of a torch mesh as the same slice of its converted root mesh, so
+        sub-meshes sliced from one torch mesh (``mesh["dp"]``, ``mesh["tp"]``) stay
+        sub-meshes of one hyper_shard mesh (FSDP over TP composes them); None for a root
+        mesh, or a slice whose dim names the root does not have (a flattened dim)."""
+        get_root = getattr(mesh, "_get_root_mesh", None)
+        root = get_root() if get_root is not None else None
+        names = mesh.mesh_dim_names
+        if root is None or root is mesh or names is None or root.mesh_dim_names is None:
+            return None
+        if not set(names) <= set(root.mesh_dim_names):
+            return None
+        return self.foreign_mesh(root)[names]
 
     def stride(self, t: Any) -> tuple[int, ...]:
         with DisableTorchFunctionSubclass():
