@@ -156,6 +156,29 @@ def check_fsdp_tp_on_torch_mesh(rank, world):
     assert w.placements == (Shard(0), Shard(0)), w.placements
     got = train(model, data, dp_rank, 2, mean_loss=_mean_over(2, tmesh["dp"].get_group()))
     assert_same_training(got, ref)
+    # clip_grad_norm_ over parameters on two meshes (the 2-D TP ones, the 1-D dp ones):
+    # docs/fsdp.md's recipe, against clip_grad_norm_ on one device
+    from torch.nn.utils import clip_grads_with_norm_, get_total_norm
+
+    from tests.dist._fsdp_models import loss_of
+
+    one = make_net()  # the trained parameters, in one process
+    one.load_state_dict({k: v.full_tensor() for k, v in model.state_dict().items()})
+    ids, y = data[0]
+    loss_of(one(ids), y).backward()
+    loss_of(model(ids.chunk(2)[dp_rank]), y.chunk(2)[dp_rank]).backward()
+    groups: dict = {}
+    for p in model.parameters():
+        groups.setdefault(p.device_mesh, []).append(p)
+    assert len(groups) == 2
+    norms = [get_total_norm([p.grad for p in ps]).full_tensor() for ps in groups.values()]
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    for ps in groups.values():
+        clip_grads_with_norm_(ps, 0.05, total)
+    want = torch.nn.utils.clip_grad_norm_(one.parameters(), 0.05)
+    torch.testing.assert_close(total, want, rtol=1e-5, atol=1e-6)
+    for (n, p), q in zip(model.named_parameters(), one.parameters()):
+        torch.testing.assert_close(p.grad.full_tensor(), q.grad, rtol=1e-5, atol=1e-6, msg=n)
     # plain FSDP on a 1-D torch mesh
     flat = init_device_mesh("cpu", (world,))
     m1 = make_net()
