@@ -66,6 +66,7 @@ def flatten(mesh: DeviceMesh, name: str | None) -> DeviceMesh:
         _abstract=True, _world=root._world,
     )  # fmt: skip
     flat._platform = root._platform
+    flat.__dict__["_flat_of"] = (root, rdims)  # which root dims it merges (fsdp/_mesh.py)
     cache[name] = (rdims, flat)
     return flat
 

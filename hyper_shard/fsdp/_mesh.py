@@ -13,7 +13,9 @@ parallel mesh (framework-neutral).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Any
 
 from ..mesh import DeviceMesh
 from ..placement import Placement, Replicate, Shard, grad_placement
@@ -85,9 +87,49 @@ class MeshInfo:
         return self.mesh._group(self.replicate_dim)
 
 
-def _root_of(mesh: DeviceMesh) -> tuple[DeviceMesh, tuple[int, ...]]:
+def _parts(mesh: DeviceMesh) -> tuple[DeviceMesh, tuple[tuple[int, ...], ...]]:
+    """The root mesh of ``mesh`` and, per dim of ``mesh``, the root dims it spans: one dim
+    for a slice (``mesh["tp"]``), several for a flattened mesh (``mesh["dp", "cp"]._flatten()``)."""
+    flat_of = mesh.__dict__.get("_flat_of")
+    if flat_of is not None:
+        return flat_of[0], (tuple(flat_of[1]),)
     root = mesh._root
-    return (mesh, tuple(range(mesh.ndim))) if root is None else (root, mesh._root_dims)
+    if root is None:
+        return mesh, tuple((d,) for d in range(mesh.ndim))
+    return root, tuple((d,) for d in mesh._root_dims)
+
+
+def _merged(
+    root: DeviceMesh, parts: list[tuple[int, ...]], flats: dict[tuple[int, ...], DeviceMesh]
+) -> DeviceMesh:
+    """The mesh of ``root`` over ``parts`` (ascending, disjoint runs of adjacent root dims),
+    each run one mesh dim (row-major, as ``_flatten``), reusing the groups of the root's
+    dims and of the flattened meshes ``flats``. No collective."""
+    dims = [d for g in parts for d in g]
+    sub = root if dims == list(range(root.ndim)) else root._sub(dims)
+    shape = [math.prod(root.shape[d] for d in g) for g in parts]
+    nested: Any = list(sub._ranks)
+    for n in reversed(shape[1:]):
+        nested = [nested[i : i + n] for i in range(0, len(nested), n)]
+    names: list[str] = []
+    groups: list[Any] = []
+    for g in parts:
+        flat = flats.get(g)
+        src = flat if flat is not None else root._sub(g)
+        names.extend(src.mesh_dim_names or ())
+        groups.append(None if src._groups is None else src._groups[0])
+    out = DeviceMesh.__new__(DeviceMesh)
+    out.__init__(  # type: ignore[misc]
+        root.device_type,
+        nested,
+        mesh_dim_names=tuple(names) if len(names) == len(parts) else None,
+        _rank=root._rank,
+        _groups=None if any(g is None for g in groups) else groups,
+        _abstract=True,
+        _world=root._world,
+    )
+    out._platform = root._platform
+    return out
 
 
 def compose_mesh(
@@ -96,7 +138,9 @@ def compose_mesh(
     other: DeviceMesh,
     other_placements: Sequence[Placement],
 ) -> tuple[DeviceMesh, tuple[Placement, ...], tuple[int, ...], tuple[int, ...]]:
-    """The mesh spanning two sub-meshes of one root mesh, and the placements there.
+    """The mesh spanning two sub-meshes of one root mesh, and the placements there. A
+    flattened mesh (torchtitan's ``mesh["dp_shard", "cp"]._flatten("dp_shard_cp")``) is one
+    dim of it, over the adjacent root dims it merges.
 
     Returns:
         ``(mesh, placements, dp_dims, other_dims)``: the sub-mesh of the root over both
@@ -104,35 +148,47 @@ def compose_mesh(
         the data-parallel and the other mesh's dims in it.
 
     Raises:
-        ValueError: the meshes are not sub-meshes of one root, or share a mesh dim.
+        ValueError: the meshes are not sub-meshes of one root, share a mesh dim, or a
+            flattened mesh merges root dims that are not adjacent.
     """
-    root_a, dims_a = _root_of(dp_mesh)
-    root_b, dims_b = _root_of(other)
+    root_a, parts_a = _parts(dp_mesh)
+    root_b, parts_b = _parts(other)
     if root_a is not root_b and root_a != root_b:
         raise ValueError(
             f"fully_shard: a parameter is a DTensor on {other}, which is not a sub-mesh of "
             f"the same mesh as the data-parallel mesh {dp_mesh}; slice both from one mesh "
             f"(mesh['dp'] and mesh['tp'] of init_device_mesh(..., mesh_dim_names=('dp', 'tp')))"
         )
-    if set(dims_a) & set(dims_b):
+    used_a = {d for g in parts_a for d in g}
+    if used_a & {d for g in parts_b for d in g}:
         raise ValueError(
             f"fully_shard: a parameter is a DTensor on {other}, which shares a mesh dim with "
             f"the data-parallel mesh {dp_mesh}; a parameter cannot be sharded twice over "
             f"the same ranks"
         )
-    dims = sorted(dims_a + dims_b)
-    mesh = root_a if dims == list(range(root_a.ndim)) else root_a._sub(dims)
-    placement_of: dict[int, Placement] = {}
-    for d, p in zip(dims_a, dp_placements):
-        placement_of[d] = p
-    for d, p in zip(dims_b, other_placements):
-        placement_of[d] = p
-    placements = tuple(placement_of[d] for d in dims)
+    parts = sorted(parts_a + parts_b)
+    if all(len(g) == 1 for g in parts):
+        dims = [g[0] for g in parts]
+        mesh = root_a if dims == list(range(root_a.ndim)) else root_a._sub(dims)
+    else:
+        if any(list(g) != list(range(g[0], g[0] + len(g))) for g in parts):
+            raise ValueError(
+                f"fully_shard: the data-parallel mesh {dp_mesh} and {other} merge mesh dims "
+                f"that are not adjacent in their root mesh; flatten adjacent dims only"
+            )
+        flats = {p: m for p, m in ((parts_a[0], dp_mesh), (parts_b[0], other)) if len(p) > 1}
+        mesh = _merged(root_a, parts, flats)
+    placement_of: dict[tuple[int, ...], Placement] = {}
+    for g, p in zip(parts_a, dp_placements):
+        placement_of[g] = p
+    for g, p in zip(parts_b, other_placements):
+        placement_of[g] = p
+    placements = tuple(placement_of[g] for g in parts)
     return (
         mesh,
         placements,
-        tuple(dims.index(d) for d in dims_a),
-        tuple(dims.index(d) for d in dims_b),
+        tuple(parts.index(g) for g in parts_a),
+        tuple(parts.index(g) for g in parts_b),
     )
 
 

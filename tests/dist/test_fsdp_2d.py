@@ -190,3 +190,36 @@ def check_fsdp_tp_on_torch_mesh(rank, world):
 def test_fsdp_over_tensor_parallel_on_torch_mesh(dist4):
     out = dist4.run(check_fsdp_tp_on_torch_mesh)
     assert all(o == out[0] for o in out)
+
+
+def check_fsdp_tp_flattened_dp(rank, world):
+    """torchtitan's FSDP x TP x CP meshes: FSDP over a flattened ``("dp_shard", "cp")`` mesh
+    composed with ``mesh["tp"]`` into one 2-D mesh, on hyper_shard's mesh (2, 1, 2): the
+    flattened dim merges two root dims; and on torch's ``init_device_mesh`` (1, 2, 2)."""
+    from torch.distributed.device_mesh import init_device_mesh as torch_mesh
+
+    from hyper_shard import Replicate, init_device_mesh
+    from hyper_shard import parallel as hp
+
+    data = batches(2, 2)
+    ref = train(make_net(), data, 0, 1)
+    names = ("dp_shard", "cp", "tp")
+    out = []
+    for mesh in (init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=names),
+                 torch_mesh("cpu", (1, 2, 2), mesh_dim_names=names)):  # fmt: skip
+        dp = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+        model = make_net()
+        hp.parallelize_module(model, mesh["tp"], _plan(hp, Replicate))
+        _shard(model, mesh["dp_shard_cp"])
+        w = model.blocks[0].up.weight
+        assert w.device_mesh.ndim == 2 and w.device_mesh.shape == (2, 2), w.device_mesh
+        dp_rank = dp.get_local_rank()
+        got = train(model, data, dp_rank, 2, mean_loss=_mean_over(2, dp.get_group()))
+        assert_same_training(got, ref)
+        out.append(got["loss"])
+    return out
+
+
+def test_fsdp_over_tensor_parallel_flattened_dp_mesh(dist4):
+    out = dist4.run(check_fsdp_tp_flattened_dp)
+    assert all(o == out[0] for o in out)

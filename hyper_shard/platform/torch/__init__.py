@@ -267,9 +267,40 @@ class TorchPlatform(Platform):
         names = mesh.mesh_dim_names
         if root is None or root is mesh or names is None or root.mesh_dim_names is None:
             return None
-        if not set(names) <= set(root.mesh_dim_names):
+        if set(names) <= set(root.mesh_dim_names):
+            return self.foreign_mesh(root)[names]
+        if len(names) == 1 and names[0] in getattr(root, "_flatten_mapping", {}):
+            return self._foreign_flat_mesh(mesh, self.foreign_mesh(root))
+        return None
+
+    def _foreign_flat_mesh(self, mesh: Any, root: Any) -> Any:
+        """A torch mesh flattened from ``root``'s (converted) dims, as hyper_shard's
+        ``root[...]._flatten(name)`` would make it, over the torch mesh's own group (no
+        collective), found again as ``root[name]``; None when its ranks are not a
+        row-major run of ``root``'s adjacent dims."""
+        ranks = mesh.mesh.tolist()
+        coord = root.get_coordinate()
+        if coord is None or mesh.ndim != 1:
             return None
-        return self.foreign_mesh(root)[names]
+        member = set(ranks)
+        dims = []
+        for d, n in enumerate(root.shape):
+            moved = list(coord)
+            moved[d] = (coord[d] + 1) % n
+            if n > 1 and root._ranks[sum(c * st for c, st in zip(moved, root._strides))] in member:
+                dims.append(d)
+        if not dims or list(root._sub(dims)._ranks) != ranks:
+            return None
+        from ...mesh import DeviceMesh
+
+        name = mesh.mesh_dim_names[0]
+        group = TorchGroup(mesh.get_group(0), ranks)
+        flat = DeviceMesh(
+            mesh.device_type, ranks, mesh_dim_names=(name,), platform=self, _groups=[group]
+        )
+        flat.__dict__["_flat_of"] = (root, tuple(dims))
+        root.__dict__.setdefault("_flattened", {})[name] = (tuple(dims), flat)
+        return flat
 
     def stride(self, t: Any) -> tuple[int, ...]:
         with DisableTorchFunctionSubclass():
