@@ -49,6 +49,11 @@ def test_validate_module_lists_and_duplicates() -> None:
         ({"reshard_after_forward": "yes"}, ValueError, "bool or None"),
         ({"offload_policy": object()}, TypeError, "OffloadPolicy"),
         ({"mp_policy": None}, TypeError, "MixedPrecisionPolicy"),
+        (
+            {"mp_policy": MixedPrecisionPolicy(param_dtype="bf16")},
+            TypeError,
+            r"param_dtype='bf16'\): pass a dtype object",
+        ),
         ({"dp_mesh_dims": object()}, NotImplementedError, "data-parallel sub-mesh"),
     ],
 )
