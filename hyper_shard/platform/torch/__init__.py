@@ -234,6 +234,12 @@ class TorchPlatform(Platform):
         out = _CONVERTED.get(mesh)
         if out is not None:
             return out
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # first met in a compiled region: read real ranks
+            return self._convert_mesh(mesh)
+
+    def _convert_mesh(self, mesh: Any) -> Any:
         out = self._foreign_sub_mesh(mesh)
         if out is not None:
             _CONVERTED[mesh] = out
