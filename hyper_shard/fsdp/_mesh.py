@@ -13,10 +13,9 @@ parallel mesh (framework-neutral).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import Any
 
+from .._mesh_flatten import merged
 from ..mesh import DeviceMesh
 from ..placement import Placement, Replicate, Shard, grad_placement
 from ..spec import DTensorSpec, TensorMeta
@@ -90,46 +89,13 @@ class MeshInfo:
 def _parts(mesh: DeviceMesh) -> tuple[DeviceMesh, tuple[tuple[int, ...], ...]]:
     """The root mesh of ``mesh`` and, per dim of ``mesh``, the root dims it spans: one dim
     for a slice (``mesh["tp"]``), several for a flattened mesh (``mesh["dp", "cp"]._flatten()``)."""
-    flat_of = mesh.__dict__.get("_flat_of")
-    if flat_of is not None:
-        return flat_of[0], (tuple(flat_of[1]),)
+    parts_of = mesh.__dict__.get("_parts_of")
+    if parts_of is not None:
+        return parts_of
     root = mesh._root
     if root is None:
         return mesh, tuple((d,) for d in range(mesh.ndim))
     return root, tuple((d,) for d in mesh._root_dims)
-
-
-def _merged(
-    root: DeviceMesh, parts: list[tuple[int, ...]], flats: dict[tuple[int, ...], DeviceMesh]
-) -> DeviceMesh:
-    """The mesh of ``root`` over ``parts`` (ascending, disjoint runs of adjacent root dims),
-    each run one mesh dim (row-major, as ``_flatten``), reusing the groups of the root's
-    dims and of the flattened meshes ``flats``. No collective."""
-    dims = [d for g in parts for d in g]
-    sub = root if dims == list(range(root.ndim)) else root._sub(dims)
-    shape = [math.prod(root.shape[d] for d in g) for g in parts]
-    nested: Any = list(sub._ranks)
-    for n in reversed(shape[1:]):
-        nested = [nested[i : i + n] for i in range(0, len(nested), n)]
-    names: list[str] = []
-    groups: list[Any] = []
-    for g in parts:
-        flat = flats.get(g)
-        src = flat if flat is not None else root._sub(g)
-        names.extend(src.mesh_dim_names or ())
-        groups.append(None if src._groups is None else src._groups[0])
-    out = DeviceMesh.__new__(DeviceMesh)
-    out.__init__(  # type: ignore[misc]
-        root.device_type,
-        nested,
-        mesh_dim_names=tuple(names) if len(names) == len(parts) else None,
-        _rank=root._rank,
-        _groups=None if any(g is None for g in groups) else groups,
-        _abstract=True,
-        _world=root._world,
-    )
-    out._platform = root._platform
-    return out
 
 
 def compose_mesh(
@@ -176,8 +142,7 @@ def compose_mesh(
                 f"fully_shard: the data-parallel mesh {dp_mesh} and {other} merge mesh dims "
                 f"that are not adjacent in their root mesh; flatten adjacent dims only"
             )
-        flats = {p: m for p, m in ((parts_a[0], dp_mesh), (parts_b[0], other)) if len(p) > 1}
-        mesh = _merged(root_a, parts, flats)
+        mesh = merged(root_a, parts)
     placement_of: dict[tuple[int, ...], Placement] = {}
     for g, p in zip(parts_a, dp_placements):
         placement_of[g] = p

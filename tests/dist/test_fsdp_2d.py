@@ -223,3 +223,38 @@ def check_fsdp_tp_flattened_dp(rank, world):
 def test_fsdp_over_tensor_parallel_flattened_dp_mesh(dist4):
     out = dist4.run(check_fsdp_tp_flattened_dp)
     assert all(o == out[0] for o in out)
+
+
+def check_hsdp_tp_flattened_shard(rank, world):
+    """torchtitan's HSDP x TP x CP meshes: ``mesh["rep", "shard_cp"]`` (a slice naming a
+    flattened dim, as PyTorch) as the HSDP mesh over ``mesh["tp"]``, on hyper_shard's mesh
+    (2, 1, 1, 2) and on torch's (1, 2, 1, 2)."""
+    from torch.distributed.device_mesh import init_device_mesh as torch_mesh
+
+    from hyper_shard import Replicate, init_device_mesh
+    from hyper_shard import parallel as hp
+
+    data = batches(2, 2)
+    ref = train(make_net(), data, 0, 1)
+    names = ("rep", "shard", "cp", "tp")
+    out = []
+    for mesh in (init_device_mesh("cpu", (2, 1, 1, 2), mesh_dim_names=names),
+                 torch_mesh("cpu", (1, 2, 1, 2), mesh_dim_names=names)):  # fmt: skip
+        mesh["shard", "cp"]._flatten("shard_cp")
+        dp = mesh["rep", "shard_cp"]
+        model = make_net()
+        hp.parallelize_module(model, mesh["tp"], _plan(hp, Replicate))
+        _shard(model, dp)
+        w = model.blocks[0].up.weight
+        assert w.device_mesh.shape == (*dp.shape, 2), w.device_mesh  # (rep, shard_cp, tp)
+        c = dp.get_coordinate()
+        group = dp.get_group(0) if dp.shape[0] == 2 else dp.get_group(1)
+        got = train(model, data, c[0] * dp.shape[1] + c[1], 2, mean_loss=_mean_over(2, group))
+        assert_same_training(got, ref)
+        out.append(got["loss"])
+    return out
+
+
+def test_hsdp_over_tensor_parallel_flattened_shard_mesh(dist4):
+    out = dist4.run(check_hsdp_tp_flattened_shard)
+    assert all(o == out[0] for o in out)

@@ -275,8 +275,14 @@ class TorchPlatform(Platform):
             return None
         if set(names) <= set(root.mesh_dim_names):
             return self.foreign_mesh(root)[names]
-        if len(names) == 1 and names[0] in getattr(root, "_flatten_mapping", {}):
+        flats = getattr(root, "_flatten_mapping", {})
+        if len(names) == 1 and names[0] in flats:
             return self._foreign_flat_mesh(mesh, self.foreign_mesh(root))
+        if all(n in root.mesh_dim_names or n in flats for n in names):
+            for n in names:  # mesh["rep", "shard_cp"]: its flattened dims converted first
+                if n not in root.mesh_dim_names and self.foreign_mesh(flats[n]) is None:
+                    return None
+            return self.foreign_mesh(root)[names]
         return None
 
     def _foreign_flat_mesh(self, mesh: Any, root: Any) -> Any:
@@ -304,7 +310,7 @@ class TorchPlatform(Platform):
         flat = DeviceMesh(
             mesh.device_type, ranks, mesh_dim_names=(name,), platform=self, _groups=[group]
         )
-        flat.__dict__["_flat_of"] = (root, tuple(dims))
+        flat.__dict__["_parts_of"] = (root, (tuple(dims),))
         root.__dict__.setdefault("_flattened", {})[name] = (tuple(dims), flat)
         return flat
 
