@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .mesh import DeviceMesh
 
-__all__ = ["flatten", "flattened", "from_group"]
+__all__ = ["flatten", "flattened", "from_group", "merged", "slice_with_flattened"]
 
 
 def _root(mesh: DeviceMesh) -> tuple[DeviceMesh, tuple[int, ...]]:
@@ -66,6 +66,7 @@ def flatten(mesh: DeviceMesh, name: str | None) -> DeviceMesh:
         _abstract=True, _world=root._world,
     )  # fmt: skip
     flat._platform = root._platform
+    flat.__dict__["_parts_of"] = (root, (rdims,))  # the root dims it merges: merged()
     cache[name] = (rdims, flat)
     return flat
 
@@ -133,3 +134,67 @@ def from_group(
     return DeviceMesh(
         device_type, mesh, mesh_dim_names=mesh_dim_names, platform=plat, _groups=groups
     )
+
+
+def merged(root: DeviceMesh, parts: Sequence[tuple[int, ...]]) -> DeviceMesh:
+    """The mesh of ``root`` over ``parts`` (ascending, disjoint runs of adjacent root
+    dims), each run one mesh dim: a root dim, or dims flattened before (``_flatten``),
+    whose group it reuses (no collective). ``root["rep", "shard_cp"]`` after
+    ``root["shard", "cp"]._flatten("shard_cp")``, as PyTorch; FSDP composes a flattened
+    data-parallel mesh with a tensor-parallel one by it.
+
+    Raises:
+        MeshError: a run of several dims that was not flattened before.
+    """
+    from .mesh import DeviceMesh, MeshError
+
+    flats = {rd: m for rd, m in root.__dict__.get("_flattened", {}).values()}
+    dims = [d for g in parts for d in g]
+    sub = root if dims == list(range(root.ndim)) else root._sub(dims)
+    shape = [math.prod(root.shape[d] for d in g) for g in parts]
+    nested: Any = list(sub._ranks)
+    for n in reversed(shape[1:]):
+        nested = [nested[i : i + n] for i in range(0, len(nested), n)]
+    names: list[str] = []
+    groups: list[Any] = []
+    for g in parts:
+        src = flats.get(tuple(g)) if len(g) > 1 else root._sub(g)
+        if src is None:
+            raise MeshError(f"mesh dims {tuple(g)} of {root!r} were not flattened into one")
+        names.extend(src.mesh_dim_names or ())
+        groups.append(None if src._groups is None else src._groups[0])
+    out = DeviceMesh.__new__(DeviceMesh)
+    out.__init__(  # type: ignore[misc]
+        root.device_type,
+        nested,
+        mesh_dim_names=tuple(names) if len(names) == len(parts) else None,
+        _rank=root._rank,
+        _groups=None if any(g is None for g in groups) else groups,
+        _abstract=True,
+        _world=root._world,
+    )
+    out._platform = root._platform
+    out.__dict__["_parts_of"] = (root, tuple(tuple(g) for g in parts))
+    return out
+
+
+def slice_with_flattened(mesh: DeviceMesh, names: Sequence[str]) -> DeviceMesh:
+    """``mesh[names]`` where some names are flattened dims of its root (as PyTorch:
+    ``mesh["dp_replicate", "dp_shard_cp"]``): :func:`merged` over their root dims.
+
+    Raises:
+        MeshError: the names are not in the root's dim order, or two share a dim.
+    """
+    from .mesh import MeshError
+
+    root, _ = _root(mesh)
+    table = root.__dict__.get("_flattened", {})
+    own = root.mesh_dim_names or ()
+    parts = [(own.index(n),) if n in own else tuple(table[n][0]) for n in names]
+    dims = [d for g in parts for d in g]
+    if dims != sorted(set(dims)):
+        raise MeshError(
+            f"mesh[{tuple(names)}]: the dims must follow the mesh's order ({own}) and not "
+            f"repeat a dim (a flattened name covers {', '.join(f'{n}={p}' for n, p in zip(names, parts))})"
+        )
+    return merged(root, parts)

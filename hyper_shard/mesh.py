@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from ._mesh_flatten import flatten, flattened, from_group
+from ._mesh_flatten import flatten, flattened, from_group, slice_with_flattened
 
 if TYPE_CHECKING:
     from .platform.base import Platform
@@ -426,6 +426,11 @@ class DeviceMesh:
             flat = flattened(self, names[0])
             if flat is not None:
                 return flat
+        own = self.mesh_dim_names
+        if len(names) > 1 and own is not None and all(isinstance(n, str) for n in names):
+            others = [flattened(self, str(n)) for n in names if n not in own]
+            if others and all(f is not None for f in others):  # mesh["rep", "shard_cp"]
+                return slice_with_flattened(self, [str(n) for n in names])
         dims = [self._dim_index(n) for n in names]
         if len(set(dims)) != len(dims):
             raise ValueError(f"mesh[{names}]: a dimension is named twice")

@@ -404,7 +404,10 @@ class Dispatcher:
             if d._spec.mesh != mesh:
                 raise ShardingError(
                     f"{pname}: inputs live on different meshes ({mesh} and {d._spec.mesh}); "
-                    f"redistribute them onto one DeviceMesh first"
+                    f"an op takes DTensors of one DeviceMesh (redistribute does not change "
+                    f"meshes): rebuild one with DTensor.from_local(t.to_local(), mesh, "
+                    f"placements); for clip_grad_norm_ over parameters on several meshes, "
+                    f"get each mesh's norm and combine them (docs/fsdp.md)"
                 )
         binder = bound.binder
         names = list(binder.names)

@@ -72,7 +72,7 @@ def validate_options(
     Raises:
         NotImplementedError: ``dp_mesh_dims``, or an int ``reshard_after_forward``.
         ValueError: ``reshard_after_forward`` neither a bool nor None.
-        TypeError: a policy of the wrong type.
+        TypeError: a policy of the wrong type, or a dtype given by name (``"bf16"``).
     """
     if dp_mesh_dims is not None:
         raise NotImplementedError(
@@ -100,6 +100,13 @@ def validate_options(
         raise TypeError(
             f"fully_shard: mp_policy must be a MixedPrecisionPolicy, got {type(mp_policy).__name__}"
         )
+    for field in ("param_dtype", "reduce_dtype", "output_dtype"):
+        value = getattr(mp_policy, field)
+        if isinstance(value, (str, int, float, bool)):  # a name, not the framework's dtype
+            raise TypeError(
+                f"fully_shard: MixedPrecisionPolicy({field}={value!r}): pass a dtype object "
+                f"of the module's framework (torch.bfloat16, mindspore.float16) or None"
+            )
     return reshard_after_forward  # type: ignore[no-any-return]
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .._mesh_flatten import merged
 from ..mesh import DeviceMesh
 from ..placement import Placement, Replicate, Shard, grad_placement
 from ..spec import DTensorSpec, TensorMeta
@@ -85,9 +86,16 @@ class MeshInfo:
         return self.mesh._group(self.replicate_dim)
 
 
-def _root_of(mesh: DeviceMesh) -> tuple[DeviceMesh, tuple[int, ...]]:
+def _parts(mesh: DeviceMesh) -> tuple[DeviceMesh, tuple[tuple[int, ...], ...]]:
+    """The root mesh of ``mesh`` and, per dim of ``mesh``, the root dims it spans: one dim
+    for a slice (``mesh["tp"]``), several for a flattened mesh (``mesh["dp", "cp"]._flatten()``)."""
+    parts_of = mesh.__dict__.get("_parts_of")
+    if parts_of is not None:
+        return parts_of
     root = mesh._root
-    return (mesh, tuple(range(mesh.ndim))) if root is None else (root, mesh._root_dims)
+    if root is None:
+        return mesh, tuple((d,) for d in range(mesh.ndim))
+    return root, tuple((d,) for d in mesh._root_dims)
 
 
 def compose_mesh(
@@ -96,7 +104,9 @@ def compose_mesh(
     other: DeviceMesh,
     other_placements: Sequence[Placement],
 ) -> tuple[DeviceMesh, tuple[Placement, ...], tuple[int, ...], tuple[int, ...]]:
-    """The mesh spanning two sub-meshes of one root mesh, and the placements there.
+    """The mesh spanning two sub-meshes of one root mesh, and the placements there. A
+    flattened mesh (torchtitan's ``mesh["dp_shard", "cp"]._flatten("dp_shard_cp")``) is one
+    dim of it, over the adjacent root dims it merges.
 
     Returns:
         ``(mesh, placements, dp_dims, other_dims)``: the sub-mesh of the root over both
@@ -104,35 +114,46 @@ def compose_mesh(
         the data-parallel and the other mesh's dims in it.
 
     Raises:
-        ValueError: the meshes are not sub-meshes of one root, or share a mesh dim.
+        ValueError: the meshes are not sub-meshes of one root, share a mesh dim, or a
+            flattened mesh merges root dims that are not adjacent.
     """
-    root_a, dims_a = _root_of(dp_mesh)
-    root_b, dims_b = _root_of(other)
+    root_a, parts_a = _parts(dp_mesh)
+    root_b, parts_b = _parts(other)
     if root_a is not root_b and root_a != root_b:
         raise ValueError(
             f"fully_shard: a parameter is a DTensor on {other}, which is not a sub-mesh of "
             f"the same mesh as the data-parallel mesh {dp_mesh}; slice both from one mesh "
             f"(mesh['dp'] and mesh['tp'] of init_device_mesh(..., mesh_dim_names=('dp', 'tp')))"
         )
-    if set(dims_a) & set(dims_b):
+    used_a = {d for g in parts_a for d in g}
+    if used_a & {d for g in parts_b for d in g}:
         raise ValueError(
             f"fully_shard: a parameter is a DTensor on {other}, which shares a mesh dim with "
             f"the data-parallel mesh {dp_mesh}; a parameter cannot be sharded twice over "
             f"the same ranks"
         )
-    dims = sorted(dims_a + dims_b)
-    mesh = root_a if dims == list(range(root_a.ndim)) else root_a._sub(dims)
-    placement_of: dict[int, Placement] = {}
-    for d, p in zip(dims_a, dp_placements):
-        placement_of[d] = p
-    for d, p in zip(dims_b, other_placements):
-        placement_of[d] = p
-    placements = tuple(placement_of[d] for d in dims)
+    parts = sorted(parts_a + parts_b)
+    if all(len(g) == 1 for g in parts):
+        dims = [g[0] for g in parts]
+        mesh = root_a if dims == list(range(root_a.ndim)) else root_a._sub(dims)
+    else:
+        if any(list(g) != list(range(g[0], g[0] + len(g))) for g in parts):
+            raise ValueError(
+                f"fully_shard: the data-parallel mesh {dp_mesh} and {other} merge mesh dims "
+                f"that are not adjacent in their root mesh; flatten adjacent dims only"
+            )
+        mesh = merged(root_a, parts)
+    placement_of: dict[tuple[int, ...], Placement] = {}
+    for g, p in zip(parts_a, dp_placements):
+        placement_of[g] = p
+    for g, p in zip(parts_b, other_placements):
+        placement_of[g] = p
+    placements = tuple(placement_of[g] for g in parts)
     return (
         mesh,
         placements,
-        tuple(dims.index(d) for d in dims_a),
-        tuple(dims.index(d) for d in dims_b),
+        tuple(parts.index(g) for g in parts_a),
+        tuple(parts.index(g) for g in parts_b),
     )
 
 

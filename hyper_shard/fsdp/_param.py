@@ -24,6 +24,8 @@ with (framework-neutral: tensors through the Platform, parameters through the
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from typing import Any
 
 from ..dtensor import DTensor
@@ -32,6 +34,30 @@ from ..spec import DTensorSpec, TensorMeta, chunk_sizes
 from ._mesh import MeshInfo, grad_placements, sharded_spec
 
 __all__ = ["FSDPParam"]
+
+
+_UIDS = itertools.count()
+#: id(original parameter) -> (a weak reference to it, its uid), while it is alive
+_LIVE_UIDS: dict[int, tuple[weakref.ref, int]] = {}
+
+
+def _uid_of(param: Any) -> int:
+    """A number naming the original parameter ``param`` for good: the same for every unit
+    that sees the same object (a tied weight), never reused, unlike ``id()`` once the
+    original is freed (a tensor-parallel DTensor replaced by its FSDP shard) and a new
+    object of another unit takes its address."""
+    key = id(param)
+    ent = _LIVE_UIDS.get(key)
+    if ent is not None and ent[0]() is param:
+        return ent[1]
+    uid = next(_UIDS)
+
+    def forget(ref: weakref.ref, key: int = key) -> None:
+        if _LIVE_UIDS.get(key, (None, 0))[0] is ref:
+            del _LIVE_UIDS[key]
+
+    _LIVE_UIDS[key] = (weakref.ref(param, forget), uid)
+    return uid
 
 
 class FSDPParam:
@@ -69,7 +95,7 @@ class FSDPParam:
         self.fw, self.plat, self.info = fw, plat, info
         self.fqn = fqn
         self.offload, self.pin = offload, pin
-        self.orig_uid = id(param)
+        self.orig_uid = _uid_of(param)
         req = fw.requires_grad(param)
         if isinstance(param, DTensor):
             ospec: DTensorSpec | None = param._spec

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..mesh import DeviceMesh
+from ..mesh import DeviceMesh, as_mesh
 from ._init import (
     FORWARD_HOOKS,
     get_adapter,
@@ -102,7 +102,8 @@ def fully_shard(
             ``FSDP<Class>``, a subclass of :class:`FSDPModule`. A list of modules makes one
             unit of them all (as FSDP2: gathered when the first of them starts forward,
             resharded after the last one ends; e.g. ``[model.norm, model.output]``).
-        mesh: the data-parallel mesh (1-D FSDP or 2-D HSDP); default: all ranks, 1-D.
+        mesh: the data-parallel mesh (1-D FSDP or 2-D HSDP); default: all ranks, 1-D. A
+            ``torch.distributed.device_mesh.DeviceMesh`` is taken too (converted).
         reshard_after_forward: True: free after forward (gather again in backward);
             False: keep until after backward; None (default, as FSDP2): True except for
             the root, which keeps its parameters for the backward that follows at once.
@@ -130,6 +131,8 @@ def fully_shard(
             wrong type.
     """
     modules = validate_module(module)
+    if mesh is not None:  # a torch.distributed DeviceMesh is converted (its groups reused)
+        mesh = as_mesh(mesh, "fully_shard")
     raf = validate_options(reshard_after_forward, mp_policy, offload_policy, dp_mesh_dims)
     fw = get_adapter(modules, mesh)
     info = get_mesh_info(validate_mesh(mesh, modules, fw))

@@ -78,7 +78,10 @@ def _convert(
 ) -> Any:
     """Wrap ``x`` as a DTensor with ``layout`` (if plain), move it to ``desired``, and
     return it (or its local tensor)."""
-    dt = _as_dtensor(x, mesh, layout, what)
+    try:
+        dt = _as_dtensor(x, mesh, layout, what)
+    except IndexError as e:  # a layout's dim out of range for this input: name the module
+        raise IndexError(f"{what()} (shape {tuple(x.shape)}): {e}") from e
     if desired is not None:
         if use_local and type(desired) is Replicate:
             return full_tensor(dt)

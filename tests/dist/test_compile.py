@@ -341,7 +341,18 @@ def check_api_patterns(rank: int, world: int) -> list[str]:
     out = compiled(sized, dynamic=True)(t)
     out.sum().backward()
     same(out, t.detach() + 2)
-    done.append("from_local inside, dynamic=True")
+    # a torch DeviceMesh (a slice of a 2-D one) first met inside the region
+    from torch.distributed.device_mesh import init_device_mesh
+
+    tsub = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "tp"))["tp"]
+
+    def on_torch_mesh(t):
+        d = DTensor.from_local(t, tsub, [Shard(0)], shape=(2 * world, 3), stride=(3, 1))
+        return (d * 2).redistribute(placements=[Replicate()]).to_local()
+
+    t = torch.randn(2 * world, 3, generator=torch.Generator().manual_seed(5))
+    same(compiled(on_torch_mesh)(t.chunk(world)[rank]), t * 2)
+    done.append("from_local inside, dynamic=True, torch mesh")
 
     # the same placements on a new equal mesh: no recompile; a new placement: one
     cnt = CompileCounterWithBackend("aot_eager")

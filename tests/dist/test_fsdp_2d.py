@@ -131,3 +131,130 @@ def check_fsdp_tp(rank, world, hsdp):
 def test_fsdp_over_tensor_parallel_matches_single_process(dist4, hsdp):
     out = dist4.run(check_fsdp_tp, hsdp)
     assert all(o == out[0] for o in out)
+
+
+def check_fsdp_tp_on_torch_mesh(rank, world):
+    """Code written for FSDP2 x TP with its imports switched: the ("dp", "tp") mesh is
+    torch's ``init_device_mesh``; ``mesh["tp"]`` and ``mesh["dp"]`` (torch sub-meshes) go to
+    ``parallelize_module`` and ``fully_shard`` as they are, and compose into one 2-D mesh.
+    Also: each original parameter is told apart from another unit's whose address it
+    reuses once freed (no false "shared with ... of another unit")."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hyper_shard import Replicate, Shard
+    from hyper_shard import parallel as hp
+
+    tmesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp_rank = tmesh["dp"].get_local_rank()
+    data = batches(2, 2)
+    ref = train(make_net(), data, 0, 1)
+    model = make_net()
+    hp.parallelize_module(model, tmesh["tp"], _plan(hp, Replicate))
+    _shard(model, tmesh["dp"])
+    w = model.blocks[0].up.weight
+    assert w.device_mesh.mesh_dim_names == ("dp", "tp"), w.device_mesh
+    assert w.placements == (Shard(0), Shard(0)), w.placements
+    got = train(model, data, dp_rank, 2, mean_loss=_mean_over(2, tmesh["dp"].get_group()))
+    assert_same_training(got, ref)
+    # clip_grad_norm_ over parameters on two meshes (the 2-D TP ones, the 1-D dp ones):
+    # docs/fsdp.md's recipe, against clip_grad_norm_ on one device
+    from torch.nn.utils import clip_grads_with_norm_, get_total_norm
+
+    from tests.dist._fsdp_models import loss_of
+
+    one = make_net()  # the trained parameters, in one process
+    one.load_state_dict({k: v.full_tensor() for k, v in model.state_dict().items()})
+    ids, y = data[0]
+    loss_of(one(ids), y).backward()
+    loss_of(model(ids.chunk(2)[dp_rank]), y.chunk(2)[dp_rank]).backward()
+    groups: dict = {}
+    for p in model.parameters():
+        groups.setdefault(p.device_mesh, []).append(p)
+    assert len(groups) == 2
+    norms = [get_total_norm([p.grad for p in ps]).full_tensor() for ps in groups.values()]
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    for ps in groups.values():
+        clip_grads_with_norm_(ps, 0.05, total)
+    want = torch.nn.utils.clip_grad_norm_(one.parameters(), 0.05)
+    torch.testing.assert_close(total, want, rtol=1e-5, atol=1e-6)
+    for (n, p), q in zip(model.named_parameters(), one.parameters()):
+        torch.testing.assert_close(p.grad.full_tensor(), q.grad, rtol=1e-5, atol=1e-6, msg=n)
+    # plain FSDP on a 1-D torch mesh
+    flat = init_device_mesh("cpu", (world,))
+    m1 = make_net()
+    _shard(m1, flat)
+    assert_same_training(train(m1, data, rank, world, mean_loss=_mean_over(world)), ref)
+    return got["loss"]
+
+
+def test_fsdp_over_tensor_parallel_on_torch_mesh(dist4):
+    out = dist4.run(check_fsdp_tp_on_torch_mesh)
+    assert all(o == out[0] for o in out)
+
+
+def check_fsdp_tp_flattened_dp(rank, world):
+    """torchtitan's FSDP x TP x CP meshes: FSDP over a flattened ``("dp_shard", "cp")`` mesh
+    composed with ``mesh["tp"]`` into one 2-D mesh, on hyper_shard's mesh (2, 1, 2): the
+    flattened dim merges two root dims; and on torch's ``init_device_mesh`` (1, 2, 2)."""
+    from torch.distributed.device_mesh import init_device_mesh as torch_mesh
+
+    from hyper_shard import Replicate, init_device_mesh
+    from hyper_shard import parallel as hp
+
+    data = batches(2, 2)
+    ref = train(make_net(), data, 0, 1)
+    names = ("dp_shard", "cp", "tp")
+    out = []
+    for mesh in (init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=names),
+                 torch_mesh("cpu", (1, 2, 2), mesh_dim_names=names)):  # fmt: skip
+        dp = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+        model = make_net()
+        hp.parallelize_module(model, mesh["tp"], _plan(hp, Replicate))
+        _shard(model, mesh["dp_shard_cp"])
+        w = model.blocks[0].up.weight
+        assert w.device_mesh.ndim == 2 and w.device_mesh.shape == (2, 2), w.device_mesh
+        dp_rank = dp.get_local_rank()
+        got = train(model, data, dp_rank, 2, mean_loss=_mean_over(2, dp.get_group()))
+        assert_same_training(got, ref)
+        out.append(got["loss"])
+    return out
+
+
+def test_fsdp_over_tensor_parallel_flattened_dp_mesh(dist4):
+    out = dist4.run(check_fsdp_tp_flattened_dp)
+    assert all(o == out[0] for o in out)
+
+
+def check_hsdp_tp_flattened_shard(rank, world):
+    """torchtitan's HSDP x TP x CP meshes: ``mesh["rep", "shard_cp"]`` (a slice naming a
+    flattened dim, as PyTorch) as the HSDP mesh over ``mesh["tp"]``, on hyper_shard's mesh
+    (2, 1, 1, 2) and on torch's (1, 2, 1, 2)."""
+    from torch.distributed.device_mesh import init_device_mesh as torch_mesh
+
+    from hyper_shard import Replicate, init_device_mesh
+    from hyper_shard import parallel as hp
+
+    data = batches(2, 2)
+    ref = train(make_net(), data, 0, 1)
+    names = ("rep", "shard", "cp", "tp")
+    out = []
+    for mesh in (init_device_mesh("cpu", (2, 1, 1, 2), mesh_dim_names=names),
+                 torch_mesh("cpu", (1, 2, 1, 2), mesh_dim_names=names)):  # fmt: skip
+        mesh["shard", "cp"]._flatten("shard_cp")
+        dp = mesh["rep", "shard_cp"]
+        model = make_net()
+        hp.parallelize_module(model, mesh["tp"], _plan(hp, Replicate))
+        _shard(model, dp)
+        w = model.blocks[0].up.weight
+        assert w.device_mesh.shape == (*dp.shape, 2), w.device_mesh  # (rep, shard_cp, tp)
+        c = dp.get_coordinate()
+        group = dp.get_group(0) if dp.shape[0] == 2 else dp.get_group(1)
+        got = train(model, data, c[0] * dp.shape[1] + c[1], 2, mean_loss=_mean_over(2, group))
+        assert_same_training(got, ref)
+        out.append(got["loss"])
+    return out
+
+
+def test_hsdp_over_tensor_parallel_flattened_shard_mesh(dist4):
+    out = dist4.run(check_hsdp_tp_flattened_shard)
+    assert all(o == out[0] for o in out)

@@ -389,7 +389,13 @@ def check_uneven_hidden(rank, world):
         x = torch.randn(4, 6, generator=g)
         return x, x, lambda o, r: torch.testing.assert_close(o, r, **TOL)
 
-    return _train(m, ref, make_input, lambda o: (o * o).sum(), torch.optim.AdamW, lr=0.05)
+    n = _train(m, ref, make_input, lambda o: (o * o).sum(), torch.optim.AdamW, lr=0.05)
+    # an input layout whose dim the input lacks: the error names the style and the module
+    bad = nn.Sequential(nn.Linear(6, 4))
+    parallelize_module(bad, mesh, {"0": ColwiseParallel(input_layouts=Shard(5))})
+    with pytest.raises(IndexError, match=r"ColwiseParallel input of Linear \(shape \(4, 6\)\)"):
+        bad(torch.randn(4, 6))
+    return n
 
 
 def check_inference_mode(rank, world):

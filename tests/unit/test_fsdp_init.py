@@ -49,6 +49,11 @@ def test_validate_module_lists_and_duplicates() -> None:
         ({"reshard_after_forward": "yes"}, ValueError, "bool or None"),
         ({"offload_policy": object()}, TypeError, "OffloadPolicy"),
         ({"mp_policy": None}, TypeError, "MixedPrecisionPolicy"),
+        (
+            {"mp_policy": MixedPrecisionPolicy(param_dtype="bf16")},
+            TypeError,
+            r"param_dtype='bf16'\): pass a dtype object",
+        ),
         ({"dp_mesh_dims": object()}, NotImplementedError, "data-parallel sub-mesh"),
     ],
 )
@@ -169,3 +174,26 @@ def test_reduce_scatter_value_composed() -> None:
         for c in range(n):
             got = reduce_scatter_value(plat, None, layout, c, inputs[c], op)
             torch.testing.assert_close(got, want[c * k : (c + 1) * k])
+
+
+def test_original_parameter_uid_is_never_reused() -> None:
+    """A freed original's id() may be taken by another unit's parameter (a tensor-parallel
+    DTensor replaced by its FSDP shard): the uid that tells tied weights apart is the same
+    for one object and never given to another."""
+    from hyper_shard.fsdp._param import _uid_of
+
+    a = nn.Parameter(torch.ones(2))
+    ua = _uid_of(a)
+    assert _uid_of(a) == ua
+    addrs = {id(a)}
+    del a
+    seen, reused = {ua}, 0
+    for _ in range(50):  # new objects, at freed addresses (CPython reuses them at once)
+        p = nn.Parameter(torch.ones(2))
+        reused += id(p) in addrs
+        addrs.add(id(p))
+        u = _uid_of(p)
+        assert u not in seen and _uid_of(p) == u
+        seen.add(u)
+        del p
+    assert reused  # id() alone would have named two objects alike

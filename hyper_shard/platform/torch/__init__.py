@@ -234,6 +234,16 @@ class TorchPlatform(Platform):
         out = _CONVERTED.get(mesh)
         if out is not None:
             return out
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # first met in a compiled region: read real ranks
+            return self._convert_mesh(mesh)
+
+    def _convert_mesh(self, mesh: Any) -> Any:
+        out = self._foreign_sub_mesh(mesh)
+        if out is not None:
+            _CONVERTED[mesh] = out
+            return out
         from ...mesh import DeviceMesh
 
         ranks = mesh.mesh.tolist()
@@ -252,6 +262,57 @@ class TorchPlatform(Platform):
         )
         _CONVERTED[mesh] = out
         return out
+
+    def _foreign_sub_mesh(self, mesh: Any) -> Any:
+        """``mesh[names]`` of a torch mesh as the same slice of its converted root mesh, so
+        sub-meshes sliced from one torch mesh (``mesh["dp"]``, ``mesh["tp"]``) stay
+        sub-meshes of one hyper_shard mesh (FSDP over TP composes them); None for a root
+        mesh, or a slice whose dim names the root does not have (a flattened dim)."""
+        get_root = getattr(mesh, "_get_root_mesh", None)
+        root = get_root() if get_root is not None else None
+        names = mesh.mesh_dim_names
+        if root is None or root is mesh or names is None or root.mesh_dim_names is None:
+            return None
+        if set(names) <= set(root.mesh_dim_names):
+            return self.foreign_mesh(root)[names]
+        flats = getattr(root, "_flatten_mapping", {})
+        if len(names) == 1 and names[0] in flats:
+            return self._foreign_flat_mesh(mesh, self.foreign_mesh(root))
+        if all(n in root.mesh_dim_names or n in flats for n in names):
+            for n in names:  # mesh["rep", "shard_cp"]: its flattened dims converted first
+                if n not in root.mesh_dim_names and self.foreign_mesh(flats[n]) is None:
+                    return None
+            return self.foreign_mesh(root)[names]
+        return None
+
+    def _foreign_flat_mesh(self, mesh: Any, root: Any) -> Any:
+        """A torch mesh flattened from ``root``'s (converted) dims, as hyper_shard's
+        ``root[...]._flatten(name)`` would make it, over the torch mesh's own group (no
+        collective), found again as ``root[name]``; None when its ranks are not a
+        row-major run of ``root``'s adjacent dims."""
+        ranks = mesh.mesh.tolist()
+        coord = root.get_coordinate()
+        if coord is None or mesh.ndim != 1:
+            return None
+        member = set(ranks)
+        dims = []
+        for d, n in enumerate(root.shape):
+            moved = list(coord)
+            moved[d] = (coord[d] + 1) % n
+            if n > 1 and root._ranks[sum(c * st for c, st in zip(moved, root._strides))] in member:
+                dims.append(d)
+        if not dims or list(root._sub(dims)._ranks) != ranks:
+            return None
+        from ...mesh import DeviceMesh
+
+        name = mesh.mesh_dim_names[0]
+        group = TorchGroup(mesh.get_group(0), ranks)
+        flat = DeviceMesh(
+            mesh.device_type, ranks, mesh_dim_names=(name,), platform=self, _groups=[group]
+        )
+        flat.__dict__["_parts_of"] = (root, (tuple(dims),))
+        root.__dict__.setdefault("_flattened", {})[name] = (tuple(dims), flat)
+        return flat
 
     def stride(self, t: Any) -> tuple[int, ...]:
         with DisableTorchFunctionSubclass():

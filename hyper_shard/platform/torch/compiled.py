@@ -507,7 +507,10 @@ def api_call(name: str, *args: Any) -> Any:
 
     if name == "from_local":
         t, mesh, pl, run_check, shape, stride, gp = args
-        mesh = as_mesh(mesh, "DTensor.from_local")
+        if mesh is None or isinstance(mesh, DeviceMesh):
+            mesh = as_mesh(mesh, "DTensor.from_local")
+        # else a torch DeviceMesh: converted inside the call (dynamo cannot trace the
+        # conversion, which imports the platform)
         pl = (("R",),) * mesh.ndim if pl is None else _enc_placements(pl)
         # the sizes enter the call as inputs: symbolic ones (dynamic=True) are no constants
         # (from_local specializes them: a layout is static)
