@@ -601,6 +601,8 @@ class TorchPlatform(Platform):
     ) -> torch.Tensor:
         """One paired exchange (``batch_isend_irecv``): ``t`` to coordinate ``dst``, a
         tensor like ``like`` from coordinate ``src``."""
+        if _TRACING[0] or _compiler._is_compiling_flag:
+            return _fc.send_recv(t, dst, like, src, group)
         if t.dtype is torch.int16:
             return self.send_recv(t.int(), dst, like.int(), src, group).to(torch.int16)
         send = t.contiguous()

@@ -69,3 +69,19 @@ def broadcast(t: torch.Tensor, src_group_rank: int, group: Any) -> torch.Tensor:
     src = group.ranks[src_group_rank]
     out = _F.wait_tensor(_F.broadcast(t.contiguous(), src, _name(group)))
     return out  # type: ignore[no-any-return]
+
+
+def send_recv(t: torch.Tensor, dst: int, like: torch.Tensor, src: int, group: Any) -> torch.Tensor:
+    """``t`` to coordinate ``dst``, a tensor shaped like ``like`` from coordinate ``src``:
+    one ``all_to_all_single`` whose only non-empty pieces are those two (PyTorch's
+    ``permute_tensor``, which its ring attention rotates key/value with under compile).
+    Point-to-point (``isend``/``irecv``) is not traceable; the all-to-all runs on gloo and
+    moves the piece once, where an all-gather would move it ``n - 1`` times."""
+    n = len(group.ranks)
+    rank_of = torch.distributed.get_group_rank
+    send = t.contiguous().reshape(-1)
+    ins, outs = [0] * n, [0] * n
+    ins[rank_of(group.pg, group.ranks[dst])] = send.numel()
+    outs[rank_of(group.pg, group.ranks[src])] = like.numel()
+    out = _F.wait_tensor(_F.all_to_all_single(send, outs, ins, _name(group)))
+    return out.reshape(like.shape)  # type: ignore[no-any-return]
