@@ -384,7 +384,18 @@ def _api_local_tensor(x: Any, gp: None) -> Any:
     return DTensor._local_tensor.fget(x)  # type: ignore[attr-defined]
 
 
+def _api_cp_attention(
+    q: Any, k: Any, v: Any, mesh: Any, kind: str, even: bool, args: tuple, kwargs: dict
+) -> Any:
+    """``scaled_dot_product_attention`` on local sequence pieces inside ``context_parallel``
+    (:func:`~hyper_shard.platform.torch.context_parallel.traced_attention`)."""
+    from .context_parallel import attention_in_region
+
+    return attention_in_region(mesh, kind, even, q, k, v, args, kwargs)
+
+
 _API = {
+    "cp_attention": _api_cp_attention,
     "from_local": _api_from_local,
     "local_tensor": _api_local_tensor,
     "redistribute": _api_redistribute,
