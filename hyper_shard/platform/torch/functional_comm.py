@@ -3,8 +3,8 @@ ops (out of place, one ``wait_tensor`` each), so the graph holds the collectives
 compiler may move them against compute ([Note: compiled DTensor] in ``compiled.py``).
 
 Same contract as the eager ones in ``platform/torch/__init__.py`` (pieces in mesh
-coordinate order, ``avg`` as sum then divide); all-to-all is composed from an all-gather,
-which every backend has (gloo has no all-to-all).
+coordinate order, ``avg`` as sum then divide). All-to-all and the paired exchange are
+``all_to_all_single`` (gloo runs it, with split sizes too).
 """
 
 from __future__ import annotations
@@ -52,16 +52,15 @@ def reduce_scatter(pieces: Sequence[torch.Tensor], op: str, group: Any) -> torch
 
 
 def all_to_all(pieces: Sequence[torch.Tensor], group: Any) -> list[torch.Tensor]:
-    """Piece ``j`` of every member, for this member ``j`` (composed: an all-gather of every
-    member's pieces, then this member's column)."""
+    """Piece ``j`` of every member, for this member ``j``: one ``all_to_all_single`` of
+    equal pieces (gloo runs it; each piece crosses the wire once, where the all-gather
+    composition moved every member's pieces to every member)."""
     n = len(group.ranks)
     ordered = group.to_group_order(list(pieces))
     shape = tuple(ordered[0].shape)
-    stacked = torch.stack([p.contiguous() for p in ordered]).reshape(1, -1)
-    out = _F.wait_tensor(_F.all_gather_into_tensor(stacked, n, _name(group)))
-    rows = out.reshape(n, n, *shape)  # [source member][target member]
-    me = torch.distributed.get_group_rank(group.pg, torch.distributed.get_rank())
-    got = [rows[src, me] for src in range(n)]
+    stacked = torch.stack([p.contiguous() for p in ordered]).reshape(n, -1)
+    out = _F.wait_tensor(_F.all_to_all_single(stacked, [1] * n, [1] * n, _name(group)))
+    got = list(out.reshape(n, *shape).unbind(0))  # by source member
     return group.to_coord_order(got)  # type: ignore[no-any-return]
 
 
