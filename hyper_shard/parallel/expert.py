@@ -343,9 +343,7 @@ class ExpertParallel(ParallelStyle):
                 None if a is None else getattr(module, a)
                 for a in (layout.up, layout.down, layout.up_bias, layout.down_bias)
             )
-            return COMPILED_API[1](
-                "ep_moe", key, hidden_states, top_k_index, top_k_weights, params
-            )
+            return COMPILED_API[1]("ep_moe", key, hidden_states, top_k_index, top_k_weights, params)
         group, split = self._groups(mesh, ep, tp, module, layout)
         weights = moe.ExpertWeights(
             up=self._weight(module, layout.up, plat, group.size, tp),

@@ -113,9 +113,8 @@ def _traced_attention(open_: tuple, query: Any, key: Any, value: Any, *a: Any, *
     (its collectives and the chosen kernel in the graph); uneven ones need the pieces'
     sizes exchanged at run time, which a trace cannot: that call runs eagerly (a graph
     break)."""
-    from .compiled import _call
-
     from ...dtensor import DTensor
+    from .compiled import _call
 
     mesh, layout, even = open_
     if any(isinstance(t, DTensor) for t in (query, key, value)):
