@@ -1,7 +1,7 @@
 """Context parallelism and expert parallelism under ``torch.compile`` (aot_eager), on 2 gloo
 ranks, against eager hyper_shard and plain torch in one process:
 
-* a tiny Hugging Face Llama trained inside ``context_parallel`` with each decoder layer
+* a tiny Hugging Face Llama (one layer) trained inside ``context_parallel``, its decoder layer
   compiled and ring attention forced: the losses of 2 AdamW steps and every gradient at
   the first step against the eager context-parallel model and the one-process model; 0
   graph breaks; the compiled graphs hold the ring (``all_to_all_single`` shifts: 2
@@ -10,7 +10,9 @@ ranks, against eager hyper_shard and plain torch in one process:
   with a router biased so one expert gets every first choice and one none): output and
   every gradient against eager EP and one process, 0 graph breaks, one graph, the
   exchange an even ``all_to_all_single``; a router id out of range on one rank raises
-  on every rank.
+  on every rank;
+* ``Shard(0) -> Shard(1)`` of uneven sizes in a compiled region: the traced all-to-all is
+  one ``all_to_all_single`` (value and gradient against one process).
 
 Compiled tests are few and small (each graph costs seconds): one pool call each.
 """
@@ -223,3 +225,27 @@ def check_ep_compiled_block(rank: int, world: int) -> list:
 def test_expert_parallel_compiled_block(dist2):
     # one graph per block; the exchange: ids, rows, rows back (all_to_all_single)
     assert dist2.run(check_ep_compiled_block, timeout=600) == [[(1, 3), (1, 3)]] * 2
+
+
+# ---------------------------------------------------------------------- the traced all-to-all
+def check_shard_to_shard_compiled(rank: int, world: int) -> dict:
+    """``Shard(0) -> Shard(1)`` in a compiled region (the traced all-to-all is one
+    ``all_to_all_single``), uneven sizes, value and gradient against one process."""
+    from hyper_shard import Shard, distribute_tensor, init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    a = torch.randn(5, 7, generator=torch.Generator().manual_seed(3))
+    x = distribute_tensor(a.clone(), mesh, [Shard(0)]).requires_grad_()
+    torch._dynamo.reset()
+    backend, seen = _recording()
+    y = torch.compile(lambda t: (t * 2).redistribute(mesh, [Shard(1)]) * 3, backend=backend)(x)
+    assert y.placements == (Shard(1),)
+    _eq(y.full_tensor(), a * 6)
+    (y * y).sum().backward()
+    _eq(x.grad.full_tensor(), 72 * a)
+    return dict(seen["fw"])
+
+
+def test_shard_to_shard_compiled(dist2):
+    fw = dist2.run(check_shard_to_shard_compiled)[0]
+    assert fw.get("all_to_all_single") == 1 and not fw.get("all_gather_into_tensor"), fw
