@@ -149,8 +149,13 @@ def _patch() -> None:
 
     with _PATCH_LOCK:
         if _PATCHED[0] == 0:
-            # bind the registry first: its name lookups must see torch's function
+            # bind the registry first: its name lookups must see torch's function; and
+            # torch's cached list of overridable functions, which dynamo asks whether a
+            # torch function dispatches to a subclass' __torch_function__: built while
+            # patched, it would hold the patch, and a DTensor attention compiled after the
+            # context would skip hyper_shard (the aten op on DTensors in the graph)
             _lookup(F.scaled_dot_product_attention)
+            torch.overrides.get_overridable_functions()
             _PATCHED[1] = F.scaled_dot_product_attention
             F.scaled_dot_product_attention = _dispatching_sdpa
         _PATCHED[0] += 1

@@ -70,7 +70,23 @@ def broadcast(t: torch.Tensor, src_group_rank: int, group: Any) -> torch.Tensor:
     return out  # type: ignore[no-any-return]
 
 
-def send_recv(t: torch.Tensor, dst: int, like: torch.Tensor, src: int, group: Any) -> torch.Tensor:
+class PendingShift:
+    """A functional exchange in flight: ``wait()`` places the ``wait_tensor`` (where the
+    caller asks for the result: a graph run eagerly overlaps the exchange with the work
+    traced before it) and gives the received tensor."""
+
+    __slots__ = ("out", "shape")
+
+    def __init__(self, out: torch.Tensor, shape: tuple) -> None:
+        self.out, self.shape = out, shape
+
+    def wait(self) -> torch.Tensor:
+        return _F.wait_tensor(self.out).reshape(self.shape)  # type: ignore[no-any-return]
+
+
+def send_recv_start(
+    t: torch.Tensor, dst: int, like: torch.Tensor, src: int, group: Any
+) -> PendingShift:
     """``t`` to coordinate ``dst``, a tensor shaped like ``like`` from coordinate ``src``:
     one ``all_to_all_single`` whose only non-empty pieces are those two (PyTorch's
     ``permute_tensor``, which its ring attention rotates key/value with under compile).
@@ -82,5 +98,9 @@ def send_recv(t: torch.Tensor, dst: int, like: torch.Tensor, src: int, group: An
     ins, outs = [0] * n, [0] * n
     ins[rank_of(group.pg, group.ranks[dst])] = send.numel()
     outs[rank_of(group.pg, group.ranks[src])] = like.numel()
-    out = _F.wait_tensor(_F.all_to_all_single(send, outs, ins, _name(group)))
-    return out.reshape(like.shape)  # type: ignore[no-any-return]
+    return PendingShift(_F.all_to_all_single(send, outs, ins, _name(group)), tuple(like.shape))
+
+
+def send_recv(t: torch.Tensor, dst: int, like: torch.Tensor, src: int, group: Any) -> torch.Tensor:
+    """:func:`send_recv_start`, waited on at once."""
+    return send_recv_start(t, dst, like, src, group).wait()
