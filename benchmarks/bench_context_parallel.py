@@ -23,6 +23,11 @@ the whole key and value; all-to-all: the whole sequence for ``H / n`` heads).
     python benchmarks/bench_context_parallel.py                      # about 2 minutes
     python benchmarks/bench_context_parallel.py --seqs 2048,4096     # quicker
     python benchmarks/bench_context_parallel.py --heads 8 --head-dim 32 --repeats 3
+    python benchmarks/bench_context_parallel.py --compile aot_eager --seqs 2048,4096
+
+``--compile BACKEND`` also times each method with the attention call under
+``torch.compile`` (forward and backward compiled: the ring's shifts as functional
+collectives), in the same ranks and run, and prints compiled / eager per method.
 
 Times on a shared machine are noisy: the first line prints the load average.
 """
@@ -33,6 +38,7 @@ import argparse
 import os
 import socket
 import time
+from functools import partial
 from typing import Any
 
 import torch
@@ -121,7 +127,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, q: Any) 
         pieces = [t.index_select(2, order).narrow(2, rank * n, n).contiguous() for t in whole]
         piece_kv = 2 * pieces[1].numel() * pieces[1].element_size()
 
-        def sharded(pieces: list = pieces, shape: tuple = shape) -> Any:
+        def sharded(pieces: list = pieces, shape: tuple = shape, attn: Any = None) -> Any:
             ds = [
                 DTensor.from_local(
                     p.clone().requires_grad_(), mesh, [Shard(2)], shape=shape,
@@ -130,12 +136,19 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, q: Any) 
                 for p in pieces
             ]  # fmt: skip
             with using_layout(HEAD_TAIL):
-                out = F.scaled_dot_product_attention(*ds, is_causal=True)
+                out = (attn or _causal)(*ds)
                 out.backward(torch.ones_like(out))
             return out
 
         for method in (*args.methods, "auto"):
             set_context_parallel_method(method)
+            if args.compile and method != "auto":
+                torch._dynamo.reset()
+                attn = torch.compile(_causal, backend=args.compile)
+                compiled_run = partial(sharded, attn=attn)
+                compiled_run()  # compile
+                wall, cpu = _timed(compiled_run, args.repeats)
+                rows.append((s, method + "+c", max_all(wall), max_all(cpu), 0, 0, ""))
             sharded()  # warm-up (and the decision)
             chosen = {type(d.impl).__name__ for d in _CACHE.values() if d.impl is not None}
             wall, cpu = _timed(sharded, args.repeats) if method != "auto" else ([0.0], [0.0])
@@ -175,6 +188,10 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, q: Any) 
     dist.destroy_process_group()
 
 
+def _causal(q: Any, k: Any, v: Any) -> Any:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 def max_all(times: list[float]) -> float:
     """The fastest of ``times``, the largest over the ranks."""
     t = torch.tensor([min(times)])
@@ -190,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=2, help="timed repeats (default 2)")
     ap.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
     ap.add_argument("--methods", default=",".join(METHODS), help="methods to time")
+    ap.add_argument("--compile", default=None, metavar="BACKEND", help="also time compiled")
     args = ap.parse_args(argv)
     args.seqs = [int(x) for x in args.seqs.split(",")]
     args.methods = [m for m in args.methods.split(",") if m]
@@ -210,9 +228,17 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'seq':>6} {'method':>12} {'time ms':>9} {'ratio':>6} {'cpu ms/rank':>12} "
           f"{'ratio':>6} {'sent MB/rank':>13} {'kv held MB':>11}")  # fmt: skip
     one = {s: (t, c) for s, m, t, c, *_ in rows if m == "one process"}
+    eager = {(s, m): t for s, m, t, *_ in rows}
     for s, method, t, c, sent, held, chosen in rows:
         if method == "auto":
             print(f"{'':>6} {'auto':>12}  picks {chosen}")
+            continue
+        if method.endswith("+c"):  # compiled: the eager row's bytes; its ratio to eager
+            e = eager[s, method[:-2]]
+            print(
+                f"{s:>6} {method:>12} {t * 1e3:>9.1f} {t / one[s][0]:>6.2f} {c * 1e3:>12.1f} "
+                f"{c / one[s][1]:>6.2f}   compiled / eager {t / e:.2f}"
+            )
             continue
         print(
             f"{s:>6} {method:>12} {t * 1e3:>9.1f} {t / one[s][0]:>6.2f} {c * 1e3:>12.1f} "

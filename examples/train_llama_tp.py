@@ -173,10 +173,12 @@ def parallelize(args: argparse.Namespace, model: torch.nn.Module, device: torch.
 def compiled(args: argparse.Namespace, model: torch.nn.Module) -> Any:
     """``--compile``: the whole model under ``torch.compile`` (TP: one graph, collectives
     inside it), or each decoder layer when FSDP units hold them (FSDP's hooks run eagerly
-    around each compiled layer, as torchtitan applies compile per block)."""
+    around each compiled layer, as torchtitan applies compile per block) or with ``--cp``
+    (traced, transformers builds an explicit causal mask, which context parallelism does
+    not take; eager, it passes none and attention runs ``is_causal=True``)."""
     if not args.compile:
         return model
-    if getattr(args, "dp", 1) > 1:
+    if getattr(args, "dp", 1) > 1 or getattr(args, "cp", 1) > 1:
         for layer in model.model.layers:
             layer.compile(backend=args.compile)
         return model
@@ -431,8 +433,6 @@ def main(argv: list[str] | None = None) -> None:
         args.nproc = args.cp * (args.dp or 1) * (args.tp or 1)
     elif args.dp is not None and args.ep > 1:
         args.nproc = args.dp
-    if args.cp and args.cp > 1 and args.compile:
-        raise SystemExit("--cp runs eagerly: context_parallel patches attention, not traced")
     validate(args, args.nproc)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

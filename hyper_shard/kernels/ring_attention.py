@@ -181,6 +181,9 @@ class _Run:
         self.rows = max(self.kv_rows)
         self.plans = [block_plan(self.q_segs, self.kv_segs[r], causal) for r in range(n)]
         self.saved: tuple[Any, ...] = ()
+        #: a compiled region is being traced: every received piece is tied to the result
+        self.traced = ring.plat.tracing()
+        self.received: list[Any] = []
 
     # -- the pieces in transit: padded to the largest piece, key and value two messages --
     def pad(self, t: Any) -> Any:
@@ -192,6 +195,27 @@ class _Run:
     def unpad(self, t: Any, src: int) -> Any:
         r = self.kv_rows[src]
         return t if r == self.rows else self.ring.plat.narrow(t, -2, 0, r)
+
+    def received_pair(self, pending: tuple[Any, Any]) -> tuple[Any, Any]:
+        """Wait for a shift; in a traced region keep what arrived for :meth:`tie`."""
+        got = (pending[0].wait(), pending[1].wait())
+        if self.traced:
+            self.received.extend(got)
+        return got
+
+    def tie(self, t: Any) -> Any:
+        """[Note: traced ring shifts] In a compiled region a shift is a functional
+        collective, which the graph's dead-code elimination drops where its result is
+        unused: the key/value piece a causal rank skips (plain layout) or the last piece
+        that arrives. The ranks' graphs then hold different collectives and hang. Each
+        received piece is added to ``t`` as the sum of an empty slice of it (exactly 0:
+        no value changes, no NaN from an infinite entry), so every rank keeps every
+        exchange."""
+        plat = self.ring.plat
+        for r in self.received:
+            t = t + plat.sum(plat.narrow(r, -2, 0, 0))
+        self.received = []
+        return t
 
     def shift(self, pair: tuple[Any, Any], tag: int) -> tuple[Any, Any]:
         """Start sending both tensors to the next rank (tags ``tag``, ``tag + 1``)."""
@@ -223,11 +247,13 @@ class _Run:
                 )
                 accs[ro] = merge(plat, accs.get(ro), blk)
             if pending is not None:
-                send = (pending[0].wait(), pending[1].wait())
+                send = self.received_pair(pending)
                 nxt = (src - 1) % n
                 cur = (self.unpad(send[0], nxt), self.unpad(send[1], nxt))
         out, lse = self._assemble(q, v, accs)
         out = plat.cast(out, plat.dtype_of(q))
+        if self.traced:
+            out = self.tie(out)
         self.saved = (q, k, v, out, lse)
         if _PROBE is not None:
             _PROBE.append(("saved", 0, _nbytes(plat, k) + _nbytes(plat, v)))
@@ -274,12 +300,14 @@ class _Run:
             grads = self.shift(mine, 2) if n > 1 else (compose.Done(mine[0]), compose.Done(mine[1]))
             self._probe("backward", i, send if i else (), pending, mine, grads)
             if pending is not None:
-                send = (pending[0].wait(), pending[1].wait())
+                send = self.received_pair(pending)
                 nxt = (src - 1) % n
                 cur = (self.unpad(send[0], nxt), self.unpad(send[1], nxt))
         assert grads is not None
         dk, dv = self.unpad(grads[0].wait(), c), self.unpad(grads[1].wait(), c)
         dq = self._assemble_dq(q, dqs)
+        if self.traced:
+            dq = self.tie(dq)
         return (
             plat.cast(dq, plat.dtype_of(q)),
             plat.cast(dk, plat.dtype_of(k)),

@@ -38,8 +38,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from ..dtensor import DTensor, distribute_tensor
+from ..dtensor import COMPILED_API, DTensor, distribute_tensor
 from ..kernels import moe
+from ..kernels.moe_padded import moe_forward_padded
 from ..mesh import DeviceMesh
 from ..placement import Partial, Placement, Replicate, Shard
 from ._adapter import adapter_for
@@ -47,7 +48,18 @@ from ._convert import to_local
 from .distribute import distribute_module
 from .style import ParallelStyle
 
-__all__ = ["ExpertParallel", "ExpertTensorParallel", "ExpertsLayout", "experts_layout"]
+__all__ = [
+    "ExpertParallel",
+    "ExpertTensorParallel",
+    "ExpertsLayout",
+    "experts_layout",
+    "traced_layer",
+    "traced_forward",
+]
+
+#: every applied layer's static arguments (style, mesh, layout, ep dim, tp dim), by key: a
+#: compiled region names its layer by the key (a constant), and its weights are inputs
+_LAYERS: list[tuple[Any, DeviceMesh, Any, int, int | None]] = []
 
 
 @dataclass(frozen=True)
@@ -267,7 +279,9 @@ class ExpertParallel(ParallelStyle):
                 ad.set_param(sub, attr, dt, ad.requires_grad(p))
 
         distribute_module(module, device_mesh, partition)
-        ad.set_forward(module, partial(self._forward, module, device_mesh, layout, ep, tp))
+        key = str(len(_LAYERS))
+        _LAYERS.append((self, device_mesh, layout, ep, tp))
+        ad.set_forward(module, partial(self._forward, module, device_mesh, layout, ep, tp, key))
         return module
 
     # ---------------------------------------------------------------- forward
@@ -304,6 +318,7 @@ class ExpertParallel(ParallelStyle):
         layout: ExpertsLayout,
         ep: int,
         tp: int | None,
+        key: str,
         *args: Any,
         **kwargs: Any,
     ) -> Any:
@@ -318,6 +333,17 @@ class ExpertParallel(ParallelStyle):
                     f"tensors (to_local() first: the tokens are data parallel over the "
                     f"expert-parallel ranks)"
                 )
+        if COMPILED_API and COMPILED_API[0]():  # dynamo traces this call: one region call
+            if tp is not None:
+                raise NotImplementedError(  # dynamo breaks the graph: this call runs eagerly
+                    f"{type(self).__name__}: the expert x tensor-parallel layer is not traced "
+                    f"in a compiled region yet (it runs eagerly there)"
+                )
+            params = tuple(
+                None if a is None else getattr(module, a)
+                for a in (layout.up, layout.down, layout.up_bias, layout.down_bias)
+            )
+            return COMPILED_API[1]("ep_moe", key, hidden_states, top_k_index, top_k_weights, params)
         group, split = self._groups(mesh, ep, tp, module, layout)
         weights = moe.ExpertWeights(
             up=self._weight(module, layout.up, plat, group.size, tp),
@@ -412,3 +438,45 @@ class ExpertTensorParallel(ExpertParallel):
             mesh._group(tp), n, coord[tp], up_sizes=(cols // n,) * n, mid_sizes=(mid // n,) * n
         )
         return group, split
+
+
+def traced_layer(key: str) -> tuple[Any, DeviceMesh, Any, int, int | None]:
+    """The static arguments of applied layer ``key`` (style, mesh, layout, ep dim, tp
+    dim)."""
+    return _LAYERS[int(key)]
+
+
+def traced_forward(
+    key: str, hidden_states: Any, top_k_index: Any, top_k_weights: Any, params: tuple
+) -> Any:
+    """Layer ``key``'s forward while a compiled region is traced: the static-shape layer of
+    :mod:`hyper_shard.kernels.moe_padded` (no count exchange: the padded even all-to-all),
+    on the region's weights ``params`` (up, down, up bias, down bias: DTensors or None).
+    The caller checks the router's ids (:func:`~hyper_shard.kernels.moe_padded.
+    bad_index_count`)."""
+    style, mesh, layout, ep, tp = traced_layer(key)
+    plat = mesh.platform
+    coord = mesh.get_coordinate() or [0] * mesh.ndim
+    group = moe.Group(mesh._group(ep), mesh.shape[ep], coord[ep])
+    factor = style.gradient_divide_factor or float(group.size)
+
+    def local(p: Any) -> Any:
+        if p is None:
+            return None
+        t = to_local(p) if isinstance(p, DTensor) else p
+        if factor == 1.0 or not plat.requires_grad(t):
+            return t
+        return plat.custom_autograd(lambda x: x, lambda g: plat.scale(g, 1.0 / factor), t)
+
+    up, down, up_bias, down_bias = (local(p) for p in params)
+    weights = moe.ExpertWeights(
+        up=up,
+        down=down,
+        up_bias=up_bias,
+        down_bias=down_bias,
+        activation=layout.activation,
+        transposed=layout.transposed,
+    )
+    return moe_forward_padded(
+        plat, hidden_states, top_k_index, top_k_weights, weights, layout.num_experts, group
+    )

@@ -211,10 +211,9 @@ def context_parallel_layout(
     kp = normalize_placements(res.inputs[idx["key"]], mesh.ndim, k.ndim)[m]
     if not (type(kp) is Shard and kp.dim == _seq_dim_of(k)):
         return None
-    # the ring kernel (point-to-point shifts in a Python loop) is not traceable: a compiled
-    # region takes the all-to-all or all-gather form
-    tracing = call.platform is not None and call.platform.tracing()
-    ring_ok = (not causal or q.shape[-2] == k.shape[-2]) and not tracing
+    # in a compiled region the ring's shifts are traced as functional collectives (the
+    # platform's send_recv while tracing), its loop unrolled into the graph
+    ring_ok = not causal or q.shape[-2] == k.shape[-2]
     shapes = {r: _local_shape(specs[idx[r]].shape, res.inputs[idx[r]], mesh) for r in idx}
     why = _ulysses_heads(call, idx, shapes["query"], shapes["key"], n)
     if method == "ulysses" and why:

@@ -692,6 +692,8 @@ class TorchPlatform(Platform):
     ) -> torch.Tensor:
         """One paired exchange (``batch_isend_irecv``): ``t`` to coordinate ``dst``, a
         tensor like ``like`` from coordinate ``src``."""
+        if _TRACING[0] or _compiler._is_compiling_flag:
+            return _fc.send_recv(t, dst, like, src, group)
         if t.dtype is torch.int16:
             return self.send_recv(t.int(), dst, like.int(), src, group).to(torch.int16)
         send = t.contiguous()
@@ -716,7 +718,9 @@ class TorchPlatform(Platform):
     ) -> Any:
         """isend ``t`` to coordinate ``dst`` and irecv a tensor like ``like`` from ``src``;
         returns at once (the handle's ``wait()`` completes them)."""
-        if _TRACING[0] or _compiler._is_compiling_flag or t.dtype is torch.int16:
+        if _TRACING[0] or _compiler._is_compiling_flag:
+            return _fc.send_recv_start(t, dst, like, src, group)
+        if t.dtype is torch.int16:
             return Platform.send_recv_start(self, t, dst, like, src, group, tag)
         send = t.contiguous()
         recv = torch.empty_like(like, memory_format=torch.contiguous_format)

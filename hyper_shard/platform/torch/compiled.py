@@ -384,7 +384,25 @@ def _api_local_tensor(x: Any, gp: None) -> Any:
     return DTensor._local_tensor.fget(x)  # type: ignore[attr-defined]
 
 
+def _api_cp_attention(
+    q: Any, k: Any, v: Any, mesh: Any, kind: str, even: bool, args: tuple, kwargs: dict
+) -> Any:
+    """``scaled_dot_product_attention`` on local sequence pieces inside ``context_parallel``
+    (:func:`~hyper_shard.platform.torch.context_parallel.traced_attention`)."""
+    from .context_parallel import attention_in_region
+
+    return attention_in_region(mesh, kind, even, q, k, v, args, kwargs)
+
+
+def _api_ep_moe(key: str, x: Any, index: Any, weights: Any, params: tuple) -> Any:
+    from .compiled_moe import ep_moe
+
+    return ep_moe(key, x, index, weights, params)
+
+
 _API = {
+    "cp_attention": _api_cp_attention,
+    "ep_moe": _api_ep_moe,
     "from_local": _api_from_local,
     "local_tensor": _api_local_tensor,
     "redistribute": _api_redistribute,
@@ -523,6 +541,8 @@ def api_call(name: str, *args: Any) -> Any:
         mesh = x._spec.mesh if mesh is None else mesh
         pl = x._spec.placements if pl is None else pl
         return _call(name, (x, mesh, _enc_placements(pl), async_op, fdt, bdt), {})
+    if name == "ep_moe":  # (layer key, tokens, router ids, router weights, weights)
+        return _call(name, args, {})
     x, gp = args
     return _call(name, (x, _enc_placements(gp)), {})
 

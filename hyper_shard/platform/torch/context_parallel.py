@@ -91,8 +91,52 @@ _PATCH_LOCK = threading.Lock()
 _PATCHED: list[Any] = [0, None]
 
 
+#: the innermost open context of the process, as a compiled region reads it (dynamo cannot
+#: read a ContextVar; it reads this and guards on it: a region traced inside one context
+#: and called in another, or outside any, recompiles). Compiling inside several rank
+#: threads' contexts at once is not supported.
+_COMPILED_VIEW: list[tuple] = [()]
+
+
+def attention_in_region(
+    mesh: Any, kind: str, even: bool, query: Any, key: Any, value: Any, args: tuple, kwargs: dict
+) -> Any:
+    """The body of a compiled region's context-parallel attention (one nonstrict call,
+    ``"cp_attention"`` in ``compiled.py``): runs while AOTAutograd traces the region, on
+    the local (fake) pieces, with the context's layout in force."""
+    layout = SequenceLayout(kind)
+    return _sequence_attention(_PATCHED[1], mesh, layout, even, query, key, value, *args, **kwargs)
+
+
+def _traced_attention(open_: tuple, query: Any, key: Any, value: Any, *a: Any, **kw: Any) -> Any:
+    """Context-parallel attention as dynamo traces it: even pieces are one nonstrict call
+    (its collectives and the chosen kernel in the graph); uneven ones need the pieces'
+    sizes exchanged at run time, which a trace cannot: that call runs eagerly (a graph
+    break)."""
+    from ...dtensor import DTensor
+    from .compiled import _call
+
+    mesh, layout, even = open_
+    if any(isinstance(t, DTensor) for t in (query, key, value)):
+        return _PATCHED[1](query, key, value, *a, **kw)  # hyper_shard's own rule
+    if not even:
+        return _eager_attention(open_, query, key, value, *a, **kw)
+    return _call("cp_attention", (query, key, value, mesh, layout.kind, even, a, kw), {})
+
+
+@torch._dynamo.disable
+def _eager_attention(open_: tuple, query: Any, key: Any, value: Any, *a: Any, **kw: Any) -> Any:
+    mesh, layout, even = open_
+    return _sequence_attention(_PATCHED[1], mesh, layout, even, query, key, value, *a, **kw)
+
+
 def _dispatching_sdpa(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
     orig = _PATCHED[1]
+    if torch.compiler.is_compiling():
+        open_ = _COMPILED_VIEW[0]
+        if not open_:
+            return orig(query, key, value, *args, **kwargs)
+        return _traced_attention(open_[-1], query, key, value, *args, **kwargs)
     open_ = _OPEN.get()
     if not open_:  # a thread outside any context: torch's own
         return orig(query, key, value, *args, **kwargs)
@@ -105,8 +149,13 @@ def _patch() -> None:
 
     with _PATCH_LOCK:
         if _PATCHED[0] == 0:
-            # bind the registry first: its name lookups must see torch's function
+            # bind the registry first: its name lookups must see torch's function; and
+            # torch's cached list of overridable functions, which dynamo asks whether a
+            # torch function dispatches to a subclass' __torch_function__: built while
+            # patched, it would hold the patch, and a DTensor attention compiled after the
+            # context would skip hyper_shard (the aten op on DTensors in the graph)
             _lookup(F.scaled_dot_product_attention)
+            torch.overrides.get_overridable_functions()
             _PATCHED[1] = F.scaled_dot_product_attention
             F.scaled_dot_product_attention = _dispatching_sdpa
         _PATCHED[0] += 1
@@ -161,12 +210,14 @@ def context_parallel(
             b.resize_(piece.shape)
             b.copy_(piece)
     token = _OPEN.set((*_OPEN.get(), (mesh, layout, even)))
+    _COMPILED_VIEW[0] = _OPEN.get()
     _patch()
     try:
         yield
     finally:
         _unpatch()
         _OPEN.reset(token)
+        _COMPILED_VIEW[0] = _OPEN.get()
         with torch.no_grad():
             for b, o in zip(buffers, originals):
                 if o is None:

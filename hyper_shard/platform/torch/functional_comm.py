@@ -3,8 +3,8 @@ ops (out of place, one ``wait_tensor`` each), so the graph holds the collectives
 compiler may move them against compute ([Note: compiled DTensor] in ``compiled.py``).
 
 Same contract as the eager ones in ``platform/torch/__init__.py`` (pieces in mesh
-coordinate order, ``avg`` as sum then divide); all-to-all is composed from an all-gather,
-which every backend has (gloo has no all-to-all).
+coordinate order, ``avg`` as sum then divide). All-to-all and the paired exchange are
+``all_to_all_single`` (gloo runs it, with split sizes too).
 """
 
 from __future__ import annotations
@@ -52,16 +52,15 @@ def reduce_scatter(pieces: Sequence[torch.Tensor], op: str, group: Any) -> torch
 
 
 def all_to_all(pieces: Sequence[torch.Tensor], group: Any) -> list[torch.Tensor]:
-    """Piece ``j`` of every member, for this member ``j`` (composed: an all-gather of every
-    member's pieces, then this member's column)."""
+    """Piece ``j`` of every member, for this member ``j``: one ``all_to_all_single`` of
+    equal pieces (gloo runs it; each piece crosses the wire once, where the all-gather
+    composition moved every member's pieces to every member)."""
     n = len(group.ranks)
     ordered = group.to_group_order(list(pieces))
     shape = tuple(ordered[0].shape)
-    stacked = torch.stack([p.contiguous() for p in ordered]).reshape(1, -1)
-    out = _F.wait_tensor(_F.all_gather_into_tensor(stacked, n, _name(group)))
-    rows = out.reshape(n, n, *shape)  # [source member][target member]
-    me = torch.distributed.get_group_rank(group.pg, torch.distributed.get_rank())
-    got = [rows[src, me] for src in range(n)]
+    stacked = torch.stack([p.contiguous() for p in ordered]).reshape(n, -1)
+    out = _F.wait_tensor(_F.all_to_all_single(stacked, [1] * n, [1] * n, _name(group)))
+    got = list(out.reshape(n, *shape).unbind(0))  # by source member
     return group.to_coord_order(got)  # type: ignore[no-any-return]
 
 
@@ -69,3 +68,39 @@ def broadcast(t: torch.Tensor, src_group_rank: int, group: Any) -> torch.Tensor:
     src = group.ranks[src_group_rank]
     out = _F.wait_tensor(_F.broadcast(t.contiguous(), src, _name(group)))
     return out  # type: ignore[no-any-return]
+
+
+class PendingShift:
+    """A functional exchange in flight: ``wait()`` places the ``wait_tensor`` (where the
+    caller asks for the result: a graph run eagerly overlaps the exchange with the work
+    traced before it) and gives the received tensor."""
+
+    __slots__ = ("out", "shape")
+
+    def __init__(self, out: torch.Tensor, shape: tuple) -> None:
+        self.out, self.shape = out, shape
+
+    def wait(self) -> torch.Tensor:
+        return _F.wait_tensor(self.out).reshape(self.shape)  # type: ignore[no-any-return]
+
+
+def send_recv_start(
+    t: torch.Tensor, dst: int, like: torch.Tensor, src: int, group: Any
+) -> PendingShift:
+    """``t`` to coordinate ``dst``, a tensor shaped like ``like`` from coordinate ``src``:
+    one ``all_to_all_single`` whose only non-empty pieces are those two (PyTorch's
+    ``permute_tensor``, which its ring attention rotates key/value with under compile).
+    Point-to-point (``isend``/``irecv``) is not traceable; the all-to-all runs on gloo and
+    moves the piece once, where an all-gather would move it ``n - 1`` times."""
+    n = len(group.ranks)
+    rank_of = torch.distributed.get_group_rank
+    send = t.contiguous().reshape(-1)
+    ins, outs = [0] * n, [0] * n
+    ins[rank_of(group.pg, group.ranks[dst])] = send.numel()
+    outs[rank_of(group.pg, group.ranks[src])] = like.numel()
+    return PendingShift(_F.all_to_all_single(send, outs, ins, _name(group)), tuple(like.shape))
+
+
+def send_recv(t: torch.Tensor, dst: int, like: torch.Tensor, src: int, group: Any) -> torch.Tensor:
+    """:func:`send_recv_start`, waited on at once."""
+    return send_recv_start(t, dst, like, src, group).wait()
