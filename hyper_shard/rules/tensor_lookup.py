@@ -32,7 +32,7 @@ from typing import Any
 from ..dispatch.op import OpCall
 from ..errors import ShardingError
 from ._util import R, broadcast_shapes, normalize_dim
-from .planned import OpPlan, as_int, keep_strategies, partials_of
+from .planned import OpPlan, as_int, keep_strategies, no_empty_shards, partials_of
 from .tensor_ops import _KINDS
 
 __all__: list[str] = []
@@ -451,7 +451,9 @@ def _plan_max_unpool(op: Any, call: OpCall, st: dict) -> OpPlan:
     lead = x.ndim - len(size)
     shape = (*x.shape[:lead], *size)
     maps = [{d: d for d in range(lead)} if (s is x or s is idx) else None for s in call.specs]
-    return OpPlan([shape], keep_strategies(maps, 1))
+    # torch's kernel rejects an empty channel dim: no rank may hold an empty lead shard (one
+    # rank raising would leave the others waiting in the next collective)
+    return OpPlan([shape], keep_strategies(maps, 1), accept=no_empty_shards(list(call.specs)))
 
 
 @_KINDS.kind("affine_grid", ("theta", "size", "align_corners"), ("size",))
