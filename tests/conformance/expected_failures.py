@@ -61,6 +61,7 @@ XFAILS: dict[str, list[XFail]] = {
     "nn.functional.instance_norm": [_RUNNING_STATS],
     "native_batch_norm": [_RUNNING_STATS, _EMPTY_CHANNEL],
     "_batch_norm_with_update": [_RUNNING_STATS, _EMPTY_CHANNEL],
+    "_native_batch_norm_legit": [_RUNNING_STATS, _EMPTY_CHANNEL],
     **{
         k: [_INDEX_INPLACE]
         for k in (
