@@ -50,14 +50,34 @@ _SIGNATURES = {
         ("use_input_stats",),
     ),
     "group_norm": (("input", "num_groups", "weight", "bias", "eps"), ("num_groups",)),
+    "native_batch_norm": (
+        ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps"),
+        ("training",),
+    ),
+    "batch_norm_with_update": (
+        ("input", "weight", "bias", "running_mean", "running_var", "momentum", "eps"), (),
+    ),
+    "native_group_norm": (
+        ("input", "weight", "bias", "N", "C", "HxW", "group", "eps"), ("N", "C", "HxW", "group"),
+    ),
 }  # fmt: skip
+#: the aten forms' extra outputs (after ``out``): the saved statistics, and
+#: ``_batch_norm_with_update``'s (empty) reserve
+_N_OUT = {"native_batch_norm": 3, "batch_norm_with_update": 4, "native_group_norm": 3}
 
 _STATS = ("running_mean", "running_var")
 _PER_CHANNEL = ("running_mean", "running_var", "weight", "bias")
 
 
 class ChannelNormParams(RuleParams):
-    kind: Literal["batch_norm", "instance_norm", "group_norm"]
+    kind: Literal[
+        "batch_norm",
+        "instance_norm",
+        "group_norm",
+        "native_batch_norm",
+        "batch_norm_with_update",
+        "native_group_norm",
+    ]
 
 
 @register_rule("channel_norm")
@@ -83,13 +103,16 @@ class ChannelNormOp(PlannedOp):
         x = call.specs[roles.index("input")]
         kind = self.params.kind
         st = call.static
-        if kind == "batch_norm":
+        if kind in ("batch_norm", "native_batch_norm"):
             input_stats = bool(st.get("training"))
+        elif kind == "batch_norm_with_update":
+            input_stats = True
         elif kind == "instance_norm":
             input_stats = st.get("use_input_stats") is None or bool(st.get("use_input_stats"))
         else:
             input_stats = True
-        updates = input_stats and any(r in _STATS for r in roles) and kind != "group_norm"
+        group = kind in ("group_norm", "native_group_norm")
+        updates = input_stats and any(r in _STATS for r in roles) and not group
         if updates:
             stats = {r: s.placements for r, s in zip(roles, call.specs) if r in _STATS}
             if len(set(stats.values())) > 1:
@@ -117,10 +140,10 @@ class ChannelNormOp(PlannedOp):
                 for i, r in enumerate(roles):
                     if r in _PER_CHANNEL:
                         ins[i] = Shard(0)
-            return ((Shard(d),), tuple(ins))
+            return (self._outs(Shard(d), channel, input_stats), tuple(ins))
 
         if x.ndim >= 2:
-            if kind == "group_norm":
+            if group:
                 strategies.append(strat(0, False))
             elif not input_stats:  # a per-channel affine map: every dim
                 strategies += [strat(d, d == 1) for d in range(x.ndim)]
@@ -130,5 +153,51 @@ class ChannelNormOp(PlannedOp):
                     strategies.append(strat(0, False))
         fixed = tuple(i for i, r in enumerate(roles) if r in _STATS) if updates else ()
         return OpPlan(
-            [x.shape], strategies, fixed=fixed, accept=nonempty_shards(call, lambda d: d > 0)
+            self._shapes(call, x, input_stats),
+            strategies,
+            fixed=fixed,
+            accept=nonempty_shards(call, lambda d: d > 0),
+            local=self._local_n(call, ix) if kind == "native_group_norm" else None,
         )
+
+    def _outs(self, p: Placement, channel: bool, input_stats: bool) -> tuple[Placement, ...]:
+        """The output placements of a strategy sharding the input by ``p``: the aten forms'
+        statistics are per channel (batch norm, sharded with the channels) or per sample
+        and group (group norm, sharded with the batch); empty ones are Replicate."""
+        kind = self.params.kind
+        if kind not in _N_OUT:
+            return (p,)
+        if kind == "native_group_norm":
+            return (p, p, p)
+        stat: Placement = Shard(0) if channel and input_stats else R
+        return (p, stat, stat, R)[: _N_OUT[kind]]
+
+    def _shapes(self, call: OpCall, x: Any, input_stats: bool) -> list[tuple[int, ...]]:
+        kind = self.params.kind
+        shape = tuple(x.shape)
+        if kind == "native_group_norm":
+            g = int(call.static.get("group") or 1)
+            return [shape, (shape[0], g), (shape[0], g)]
+        if kind not in _N_OUT:
+            return [shape]
+        stat = (shape[1],) if input_stats and len(shape) > 1 else (0,)
+        return [shape, stat, stat, (0,)][: _N_OUT[kind]]
+
+    @staticmethod
+    def _local_n(call: OpCall, ix: int) -> Any:
+        """``native_group_norm``'s ``N`` is the batch size it is given: each rank passes
+        its own shard's."""
+        from ..spec import compute_local_shape_and_offset
+
+        x = call.specs[ix]
+
+        def local(layout: Any) -> Any:
+            coord = call.mesh.get_coordinate()
+            if coord is None:
+                return layout
+            pl = layout.inputs[ix] or x.placements
+            shape, _ = compute_local_shape_and_offset(x.shape, tuple(call.mesh.shape), pl, coord)
+            layout.overrides = {**(layout.overrides or {}), "N": shape[0]}
+            return layout
+
+        return local

@@ -26,7 +26,7 @@ from ..registry.models import RuleParams
 from . import register_rule
 from ._util import R
 
-__all__ = ["NormOp", "NormParams", "normalized_ndim"]
+__all__ = ["NativeLayerNormOp", "NormOp", "NormParams", "normalized_ndim"]
 
 
 class NormParams(RuleParams):
@@ -120,6 +120,29 @@ class NormOp(DistributedOp):
     def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
         i, _ = self._check(call)
         return [call.specs[i].shape]
+
+
+@register_rule("native_layer_norm")
+class NativeLayerNormOp(NormOp):
+    """``torch.native_layer_norm(input, normalized_shape, weight, bias, eps)``: three outputs,
+    ``out`` (the input's shape), ``mean`` and ``rstd`` (the input's shape with the ``k``
+    normalised dims of size 1); all keep the input's leading shards (the statistics are
+    computed there, never gathered). Semantics as ``torch.native_layer_norm``.
+
+    Raises:
+        ShardingError: as :class:`NormOp`.
+    """
+
+    n_outputs = 3
+
+    def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
+        return [(outs * 3, ins) for outs, ins in super().single_dim_strategies(call)]
+
+    def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
+        i, k = self._check(call)
+        shape = tuple(call.specs[i].shape)
+        stat = shape[: len(shape) - k] + (1,) * k
+        return [shape, stat, stat]
 
 
 @register_rule("layer_norm_axis")

@@ -92,3 +92,35 @@ class SoftmaxOp(DistributedOp):
         # the normalised dim is gathered where it is sharded, as PyTorch DTensor (not moved
         # to another dim by an all-to-all)
         return follow_inputs(call.specs)(inputs, outputs)
+
+@register_rule("softmax_backward")
+class SoftmaxBackwardOp(DistributedOp):
+    """``torch.ops.aten._softmax_backward_data(grad_output, output, dim, input_dtype)`` (and
+    ``_log_softmax_backward_data``): the gradient of a softmax along ``dim`` from the
+    gradient of its output and the output itself (same global shape). ``dim`` is gathered on
+    both, every other dim keeps its shard, sharded alike on both; Partial is reduced first.
+    Semantics as the aten ops.
+
+    Raises:
+        ShardingError: grad_output and output not both DTensors of one shape.
+        IndexError: ``dim`` out of range.
+    """
+
+    signature = ("grad_output", "output", "dim", "input_dtype")
+    static_args = ("dim",)
+
+    def _dim(self, call: OpCall) -> int:
+        if len(call.specs) != 2 or call.specs[0].shape != call.specs[1].shape:
+            raise ShardingError(
+                f"{call.describe()}: {self.name} takes grad_output and output as DTensors of "
+                f"one shape; distribute both"
+            )
+        return normalize_dim(int(call.static["dim"]), call.specs[0].ndim)
+
+    def single_dim_strategies(self, call: OpCall) -> list[SingleDimStrategy]:
+        dim = self._dim(call)
+        return [((Shard(d),), (Shard(d), Shard(d))) for d in range(call.specs[0].ndim) if d != dim]
+
+    def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
+        self._dim(call)
+        return [call.specs[0].shape]

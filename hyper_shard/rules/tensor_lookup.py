@@ -32,7 +32,7 @@ from typing import Any
 from ..dispatch.op import OpCall
 from ..errors import ShardingError
 from ._util import R, broadcast_shapes, normalize_dim
-from .planned import OpPlan, as_int, keep_strategies, partials_of
+from .planned import OpPlan, as_int, keep_strategies, no_empty_shards, partials_of
 from .tensor_ops import _KINDS
 
 __all__: list[str] = []
@@ -451,7 +451,36 @@ def _plan_max_unpool(op: Any, call: OpCall, st: dict) -> OpPlan:
     lead = x.ndim - len(size)
     shape = (*x.shape[:lead], *size)
     maps = [{d: d for d in range(lead)} if (s is x or s is idx) else None for s in call.specs]
-    return OpPlan([shape], keep_strategies(maps, 1))
+    # torch's kernel rejects an empty channel dim: no rank may hold an empty lead shard (one
+    # rank raising would leave the others waiting in the next collective)
+    return OpPlan([shape], keep_strategies(maps, 1), accept=no_empty_shards(list(call.specs)))
+
+
+@_KINDS.kind(
+    "max_pool_backward",
+    ("grad_output", "input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
+     "indices"),
+    (),
+)  # fmt: skip
+def _plan_max_pool_backward(op: Any, call: OpCall, st: dict) -> OpPlan:
+    # torch.ops.aten.max_pool2d/3d_with_indices_backward(grad_output (*lead, *out), input
+    # (*lead, *in), ..., indices (*lead, *out)): the input's shape; each lead (batch,
+    # channel) plane scatters its own gradient by its indices, so lead shards are kept on
+    # all three, the spatial dims gathered; no rank holds an empty plane (the kernel
+    # rejects one); a Partial grad_output passes (linear in it)
+    g, x, idx = _role(call, "grad_output"), _role(call, "input"), _role(call, "indices")
+    if g is None or x is None or idx is None or x.ndim < 3:
+        raise ShardingError(
+            f"{call.describe()}: max_pool backward needs DTensor grad_output, input and indices"
+        )
+    lead = x.ndim - (3 if "3d" in call.platform_name else 2)  # the spatial dims follow
+    maps = [{d: d for d in range(lead)} if s in (g, x, idx) else None for s in call.specs]
+    flags = [s is g for s in call.specs]
+    return OpPlan(
+        [tuple(x.shape)],
+        keep_strategies(maps, 1, partials_of([g]), flags),
+        accept=no_empty_shards(list(call.specs)),
+    )
 
 
 @_KINDS.kind("affine_grid", ("theta", "size", "align_corners"), ("size",))

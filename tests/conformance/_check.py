@@ -59,8 +59,10 @@ def _agree(flag: bool, every: bool = False) -> bool:
 
 
 def _flatten(out: Any) -> list[Any]:
+    """The op's outputs as one list: nested tuples/lists (``histogramdd``'s bin edges)
+    are flattened, in order."""
     if isinstance(out, (tuple, list)):
-        return list(out)
+        return [leaf for o in out for leaf in _flatten(o)]
     return [out]
 
 

@@ -48,9 +48,20 @@ _RUNNING_STATS = XFail(
     r"running_(mean|var) cannot be updated)",
 )
 
+_EMPTY_CHANNEL = XFail(
+    "by design: running statistics Shard(0) of one channel over 2 ranks leave a rank an empty "
+    "channel shard, which torch's batch-norm kernel rejects, and the statistics are updated in "
+    "place where they are (they may not move): a ShardingError naming the fix (redistribute "
+    "them first)",
+    msg=r"ShardingError: .*running_mean=DTensor\[1\]\[S\(0\)\].*no sharding of the inputs fits",
+)
+
 XFAILS: dict[str, list[XFail]] = {
     "nn.functional.batch_norm": [_RUNNING_STATS],
     "nn.functional.instance_norm": [_RUNNING_STATS],
+    "native_batch_norm": [_RUNNING_STATS, _EMPTY_CHANNEL],
+    "_batch_norm_with_update": [_RUNNING_STATS, _EMPTY_CHANNEL],
+    "_native_batch_norm_legit": [_RUNNING_STATS, _EMPTY_CHANNEL],
     **{
         k: [_INDEX_INPLACE]
         for k in (

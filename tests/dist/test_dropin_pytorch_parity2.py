@@ -269,11 +269,13 @@ def check_parity2(rank, world):
     _both(grid_sampler, "torch.grid_sampler_2d")
 
     # test_dtensor_ops' max_unpool3d sample: F.max_unpool1d/2d/3d on batch, channel and
-    # spatial shards equal plain torch's
+    # spatial shards equal plain torch's; 2 channels over 4 ranks (torch's kernel rejects an
+    # empty channel shard: one rank raised and the others hung, now gathered)
     for pool, unpool, shape in (
         (F.max_pool1d, F.max_unpool1d, (4, 4, 8)),
         (F.max_pool2d, F.max_unpool2d, (4, 8, 8)),
         (F.max_pool3d, F.max_unpool3d, (4, 4, 4, 4, 4)),
+        (F.max_pool2d, F.max_unpool2d, (1, 2, 4, 6)),
     ):
         v, i = pool(_r(*shape, seed=12), 2, return_indices=True)
         for pl in (hs.Shard(0), hs.Shard(1), hs.Shard(len(shape) - 1)):
