@@ -93,6 +93,7 @@ class SoftmaxOp(DistributedOp):
         # to another dim by an all-to-all)
         return follow_inputs(call.specs)(inputs, outputs)
 
+
 @register_rule("softmax_backward")
 class SoftmaxBackwardOp(DistributedOp):
     """``torch.ops.aten._softmax_backward_data(grad_output, output, dim, input_dtype)`` (and
