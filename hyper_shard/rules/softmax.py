@@ -122,6 +122,10 @@ class SoftmaxBackwardOp(DistributedOp):
         dim = self._dim(call)
         return [((Shard(d),), (Shard(d), Shard(d))) for d in range(call.specs[0].ndim) if d != dim]
 
+    def accept(self, call: OpCall, inputs: tuple, outputs: tuple) -> bool:
+        # the dim is gathered where it is sharded, as the forward (and PyTorch DTensor)
+        return follow_inputs(call.specs)(inputs, outputs)
+
     def output_shapes(self, call: OpCall) -> list[tuple[int, ...] | None]:
         self._dim(call)
         return [call.specs[0].shape]

@@ -217,9 +217,10 @@ def test_stalled_dead_and_divergent_ranks_fail_the_others_within_the_timeout(wor
     assert waiting["reason"] == "timeout" and waiting["cause"] == "RuntimeError", waiting
     assert SHORT * 0.8 <= waiting["seconds"] <= SHORT + SLACK, waiting["seconds"]
     msg = waiting["message"]
-    assert msg.startswith("all_to_all timed out on rank 0 (torch:"), msg
+    assert msg.startswith("all_gather timed out on rank 0 (torch:"), msg
     assert "op: torch.softmax(DTensor[8, 4][S(0)])" in msg
-    assert "step: all_to_all on mesh dim 'tp' (size 2) of DTensor[8, 4][S(0)] -> [S(1)]" in msg
+    # softmax over the sharded dim gathers it where it is (as PyTorch DTensor)
+    assert "step: all_gather on mesh dim 'tp' (size 2) of DTensor[8, 4][S(0)] -> [R]" in msg
     assert "over ranks [0, 1]" in msg and "group timeout 0:00:04" in msg
     assert "HYPER_SHARD_CHECK_CONSISTENCY=1" in msg and "HYPER_SHARD_TIMEOUT" in msg
     # the last collectives: the healthy all-gather, then this one, failed
