@@ -808,10 +808,7 @@ class TorchPlatform(Platform):
                 _p2p.all_gather, inp, [out.narrow(0, c * k, k) for c in range(n)],
                 group.pg, group.ranks, coord,
             )  # fmt: skip
-            if async_op:
-                return pend
-            pend.wait()
-            return None
+            return _p2p.handle(pend, async_op)
         if group.identity:
             return collective(
                 self, "all_gather (fsdp unit)", group, inp.shape, inp.dtype,
@@ -851,10 +848,7 @@ class TorchPlatform(Platform):
                 _p2p.reduce_scatter, [inp.narrow(0, c * k, k) for c in range(n)], out, "sum",
                 group.pg, group.ranks, coord,
             )  # fmt: skip
-            if async_op:
-                return pend
-            pend.wait()
-            return None
+            return _p2p.handle(pend, async_op)
         if not group.identity:  # chunks go to group ranks: reorder the input
             k = out.numel()
             src = inp

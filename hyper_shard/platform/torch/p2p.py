@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["TAG", "MIN_NUMEL", "Pending", "enabled", "all_gather", "reduce_scatter"]
+__all__ = ["TAG", "MIN_NUMEL", "Pending", "enabled", "all_gather", "reduce_scatter", "handle"]
 
 #: the tag of these messages (apart from ring attention's shifts and users' own)
 TAG = 0x5253
@@ -105,6 +105,15 @@ class Pending:
             if self.op == "avg":
                 out.div_(len(parts))
         return out
+
+
+def handle(pend: Pending, async_op: bool) -> Pending | None:
+    """What a flat collective (``*_into``) returns: the handle when asynchronous, else None
+    once the messages (and the combination) completed."""
+    if async_op:
+        return pend
+    pend.wait()
+    return None
 
 
 def all_gather(
