@@ -129,9 +129,10 @@ def check_tensor_protocol(rank, world):
     s = DTensor.from_local(torch.tensor(float(rank + 1)), mesh, [Partial()])
     assert s.item() == 3.0
     # an op with no rule yet raises a clear error, and nothing hangs (torch.inverse,
-    # torch.diag_embed and torch.diagflat, the examples here before, are bound now)
-    with pytest.raises(NotImplementedError, match=r"torch\.hash_tensor.*S\(0\)"):
-        torch.hash_tensor(dt[:, :4])
+    # torch.diag_embed, torch.diagflat and torch.hash_tensor, the examples here before, are
+    # bound now)
+    with pytest.raises(NotImplementedError, match=r"torch\.histogramdd.*S\(0\)"):
+        torch.histogramdd(dt[:, :2], bins=3)
     # moving to another mesh is refused clearly
     other = DeviceMesh("cpu", [1, 0])
     with pytest.raises(ValueError, match="another mesh"):
