@@ -94,6 +94,12 @@ def _foreach_and_clip(rank: int, world: int) -> bool:
             for a, t, p in zip(ps, ts, places):
                 assert a.placements == ((Partial("sum"),) if p[0].is_shard() else (Replicate(),))
                 _close(a.full_tensor(), (t.abs() ** ord_).sum(), f"_foreach_powsum {ord_}")
+    # under torch.compile (aot_eager): the same shard-wise kernels, traced
+    vn = torch.compile(lambda t: torch.linalg.vector_norm(t, 2.0) * 2, backend="aot_eager")
+    _close(vn(dts[0]).full_tensor(), torch.linalg.vector_norm(ts[0], 2.0) * 2, "compiled norm")
+    fn = torch.compile(lambda a, b: torch._foreach_norm([a, b], math.inf), backend="aot_eager")
+    for a, t in zip(fn(dts[0], dts[2]), (ts[0], ts[2])):
+        _close(a.full_tensor(), torch.linalg.vector_norm(t, math.inf), "compiled _foreach_norm")
     # clip_grad_norm_ over sharded gradients: the plain result, no all-gather
     for norm_type in (2.0, math.inf, 1.0):
         params = [torch.nn.Parameter(t.clone()) for t in ts]
