@@ -320,3 +320,38 @@ def output_piece(out: Any, mesh: Any, layout: SequenceLayout, causal: bool, kv_l
             )
         out = out.redistribute(mesh, piece)
     return out.to_local()
+
+
+def attend_pieces(
+    sdpa: Any,
+    view: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    args: tuple,
+    kwargs: dict,
+    mesh: Any,
+    layout: SequenceLayout,
+) -> Any:
+    """Every platform's ``context_parallel`` attention on this rank's sequence pieces:
+    ``view(t)`` makes a piece (local ``(..., L_i, E)``) the sequence-sharded DTensor it is,
+    ``sdpa`` (the framework's ``scaled_dot_product_attention``, called as the user called
+    it) runs on them under ``layout``, and the output's local piece is returned
+    (:func:`output_piece`).
+
+    Raises:
+        NotImplementedError: an explicit ``attn_mask`` (as PyTorch's ``context_parallel``),
+            on every rank; see :func:`output_piece`.
+    """
+    mask = kwargs.get("attn_mask", args[0] if args else None)
+    if mask is not None:
+        raise NotImplementedError(
+            "context_parallel: scaled_dot_product_attention with an explicit attn_mask "
+            "on sequence pieces is not supported (as PyTorch's context_parallel); use "
+            "is_causal=True, or call it outside the context"
+        )
+    dq, dk, dv = view(query), view(key), view(value)
+    with using_layout(layout):
+        out = sdpa(dq, dk, dv, *args, **kwargs)
+    causal = bool(kwargs.get("is_causal", args[2] if len(args) > 2 else False))
+    return output_piece(out, mesh, layout, causal, dk.shape[-2])

@@ -24,11 +24,10 @@ from mindspore import Parameter, Tensor
 
 from ...kernels.attention_layout import (
     SequenceLayout,
+    attend_pieces,
     check_buffers,
     layout_of,
     local_piece,
-    output_piece,
-    using_layout,
 )
 from . import functional
 
@@ -51,18 +50,7 @@ def _sequence_attention(orig: Any, mesh: Any, layout: SequenceLayout, even: bool
                 return DTensor.from_local(t, mesh, [Shard(d)], shape=shape)
             return DTensor.from_local(t, mesh, [Shard(d)])
 
-        mask = kwargs.get("attn_mask", args[0] if args else None)
-        if mask is not None:
-            raise NotImplementedError(
-                "context_parallel: scaled_dot_product_attention with an explicit attn_mask "
-                "on sequence pieces is not supported (as PyTorch's context_parallel); use "
-                "is_causal=True, or call it outside the context"
-            )
-        dq, dk, dv = view(query), view(key), view(value)
-        with using_layout(layout):
-            out = orig(dq, dk, dv, *args, **kwargs)
-        causal = bool(kwargs.get("is_causal", args[2] if len(args) > 2 else False))
-        return output_piece(out, mesh, layout, causal, dk.shape[-2])
+        return attend_pieces(orig, view, query, key, value, args, kwargs, mesh, layout)
 
     return sdpa
 
